@@ -1,0 +1,1 @@
+//! skiff-agent

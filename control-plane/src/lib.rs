@@ -1,0 +1,1 @@
+//! skiff control plane (skeleton until its own issue).

@@ -1,0 +1,1 @@
+//! CRI v1 types and client (being written).
