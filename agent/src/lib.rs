@@ -1,1 +1,35 @@
-//! skiff-agent
+//! skiff-agent: the node agent, in the kubelet's role. It runs the pods
+//! its sources want through containerd's CRI and reports their status.
+//!
+//! # Layout
+//! - [`config`]: flags and the YAML config file.
+//! - [`source`]: where desired pods come from (the static pod directory).
+//! - [`manager`]: desired pods -> one worker per pod; orphans torn down.
+//! - [`worker`]: the per-pod sync loop: observe, plan, act, report.
+//! - [`plan`]: the pure decision of a sync (the kubelet's computePodActions).
+//! - [`runtime`]: CRI configs, observation and compound CRI operations.
+//! - [`pleg`]: relisting (and CRI events) to wake workers; runtime health.
+//! - [`status`]: PodStatus as the kubelet computes it.
+//! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
+//! - [`node`]: capacity and node info for the Node object.
+//! - [`server`]: the read-only status endpoint (`/pods`, `/node`, `/healthz`).
+//! - [`agent`]: wiring it all together.
+#![forbid(unsafe_code)]
+
+pub mod agent;
+pub mod backoff;
+pub mod config;
+pub mod events;
+pub mod manager;
+pub mod node;
+pub mod plan;
+pub mod pleg;
+pub mod pod;
+pub mod runtime;
+pub mod server;
+pub mod source;
+pub mod status;
+pub mod worker;
+
+pub use agent::run;
+pub use config::Config;

@@ -1,1 +1,23 @@
-//! skiff control plane (skeleton until its own issue).
+//! skiff control plane: `skiff-server`, a Kubernetes-compatible API server
+//! over an embedded (SQLite) or etcd store.
+//!
+//! # Layout
+//! - [`store`]: the `Store` trait and its SQLite and etcd backends
+//! - [`apiserver`]: the Kubernetes REST API (discovery, CRUD, watch, patch,
+//!   subresources, Table printing, OpenAPI)
+//! - [`auth`]: authentication, RBAC, the Node authorizer
+//! - [`pki`]: CA, serving and client certificates, kubeconfigs
+//! - [`server`]: HTTPS listener and lifecycle
+//! - [`config`]: flags + YAML config; [`metrics`]: Prometheus metrics
+#![forbid(unsafe_code)]
+
+pub mod apiserver;
+pub mod auth;
+pub mod config;
+pub mod metrics;
+pub mod pki;
+pub mod server;
+pub mod store;
+
+pub use config::Config;
+pub use server::{start, ServerHandle};

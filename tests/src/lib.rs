@@ -1,1 +1,35 @@
-//! e2e harness (being written).
+//! End-to-end test harness for skiff: a private containerd per test, test
+//! images built locally, a loopback registry, and cleanup that leaves
+//! nothing behind.
+//!
+//! # Layout
+//!
+//! - [`containerd`]: the [`Containerd`] fixture. Each run gets a unique id
+//!   and `/tmp/skiff-test/<id>/` holding containerd's root, state, sockets,
+//!   config, log, CNI config (bridge `skb-<id>`, a leased 198.18.X.0/24,
+//!   portmap) and runc root. `start()` waits for CRI RuntimeReady and
+//!   NetworkReady and side-loads the pause and toolbox images;
+//!   `stop()`/`start_again()`/`restart()` restart containerd under running
+//!   containers.
+//! - [`images`]: OCI image layouts built with `oci-spec`: [`PAUSE_IMAGE`]
+//!   (a static pause compiled from `tests/images/pause.c`), [`TOOLBOX_IMAGE`]
+//!   (busybox-static with every applet), extra toolbox tags with distinct
+//!   digests, and side-loading through `ctr images import`.
+//! - [`registry`]: a read-only OCI distribution registry on
+//!   127.0.0.1:<random port> (axum) for real CRI `PullImage` tests.
+//! - [`cleanup`]: teardown in dependency order (CRI, containerd, runc,
+//!   shims, mounts, netns, bridge, iptables/nft, directory, subnet lease),
+//!   run from `Drop` even after a panic, and a sweeper that tears down runs
+//!   of test processes that died (SIGKILL) before they could.
+//!
+//! Everything here needs root and only touches loopback and addresses the
+//! fixture created (198.18.0.0/15).
+
+pub mod cleanup;
+pub mod containerd;
+pub mod images;
+pub mod registry;
+
+pub use containerd::{Containerd, ContainerdBuilder};
+pub use images::{OciImage, PAUSE_IMAGE, TOOLBOX_IMAGE};
+pub use registry::Registry;

@@ -1,0 +1,126 @@
+//! Wiring: the runtime client, the PLEG, the sources, the pod manager and
+//! the status endpoint, started together and stopped together.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use cri_proto::CriClient;
+use tokio::sync::{mpsc, watch};
+
+use crate::backoff::Backoff;
+use crate::config::Config;
+use crate::events::LogRecorder;
+use crate::manager::Manager;
+use crate::node::Facts;
+use crate::pleg::{Health, Pleg};
+use crate::runtime::Runtime;
+use crate::server::{self, ServerState};
+use crate::source::file::FileSource;
+use crate::worker::{Shared, StatusStore};
+
+/// Errors that stop the agent from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid container runtime endpoint {endpoint}: {source}")]
+    Endpoint {
+        endpoint: String,
+        #[source]
+        source: cri_proto::Error,
+    },
+    #[error("cannot create directory {path}: {source}")]
+    Dir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {address} for the status endpoint: {source} (change --status-address, or set it to none)")]
+    Listen {
+        address: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Run the agent until `shutdown` resolves. Containers are left running:
+/// a restarted agent adopts them.
+///
+/// # Errors
+/// Only start-up failures; once running, runtime outages are retried.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    for dir in [&config.root_dir, &config.pod_log_dir] {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Dir {
+            path: dir.display().to_string(),
+            source,
+        })?;
+    }
+    let cri = CriClient::connect_lazy(config.container_runtime_endpoint.clone(), config.runtime_request_timeout)
+        .map_err(|source| Error::Endpoint {
+            endpoint: config.container_runtime_endpoint.clone(),
+            source,
+        })?
+        .with_pull_timeout(config.image_pull_timeout);
+    let runtime = Runtime::new(cri.clone());
+    let facts = Arc::new(Facts::gather(&config.root_dir, config.max_pods));
+    let host_ip = facts.internal_ip.map(|i| i.to_string()).unwrap_or_default();
+    tracing::info!(
+        node = %config.node_name,
+        runtime = %config.container_runtime_endpoint,
+        static_pods = %config.static_pod_path.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+        "skiff-agent starting"
+    );
+    let shared = Arc::new(Shared {
+        crash_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
+        image_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
+        config: config.clone(),
+        runtime,
+        recorder: Box::new(LogRecorder),
+        statuses: StatusStore::default(),
+        host_ip,
+    });
+    let health = Arc::new(Health::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    if let Some(addr) = config.status_address {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Listen { address: addr, source })?;
+        drop(listener);
+        let state = ServerState {
+            shared: shared.clone(),
+            health: health.clone(),
+            facts: facts.clone(),
+        };
+        let stop = stopped();
+        tokio::spawn(async move {
+            if let Err(e) = server::serve(addr, state, stop).await {
+                tracing::error!("status endpoint failed: {e}");
+            }
+        });
+    }
+
+    let (relist_tx, relist_rx) = mpsc::channel(4);
+    let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+    let pleg_runtime = Arc::new(Runtime::new(cri));
+    let pleg = Pleg::new(pleg_runtime, config.pleg_relist_period, health.clone(), relist_tx, wake_tx);
+    let pleg_task = tokio::spawn(pleg.run());
+
+    let (src_tx, src_rx) = mpsc::channel(16);
+    let mut sources = Vec::new();
+    if let Some(dir) = &config.static_pod_path {
+        sources.push("file");
+        tokio::spawn(FileSource::new(dir, &config.node_name).run(src_tx.clone()));
+    }
+    drop(src_tx);
+
+    Manager::new(shared, &sources).run(src_rx, relist_rx, wake_rx, shutdown).await;
+    let _ = stop_tx.send(true);
+    pleg_task.abort();
+    tracing::info!("skiff-agent stopped; containers keep running");
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! Command-line flags; kubelet names where a kubelet flag exists.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "skiff-agent", version, about = "skiff node agent: runs pods through containerd's CRI")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunFlags,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List this node's pods and their status (from the status endpoint).
+    Pods {
+        /// The agent's status endpoint.
+        #[arg(long, default_value = "127.0.0.1:10255")]
+        address: String,
+        /// Output format: table or json.
+        #[arg(short, long, default_value = "table")]
+        output: String,
+    },
+}
+
+/// Flags of the agent itself; each overrides the config file.
+#[derive(Debug, clap::Args)]
+pub struct RunFlags {
+    /// YAML config file (KubeletConfiguration-style field names).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// CRI endpoint, e.g. unix:///run/containerd/containerd.sock.
+    #[arg(long)]
+    pub container_runtime_endpoint: Option<String>,
+    /// Directory for the agent's state.
+    #[arg(long)]
+    pub root_dir: Option<PathBuf>,
+    /// Directory of static pod manifests (YAML or JSON Pods).
+    #[arg(long)]
+    pub static_pod_path: Option<PathBuf>,
+    /// This node's name (default: the hostname).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Root of container logs (/var/log/pods).
+    #[arg(long)]
+    pub pod_log_dir: Option<PathBuf>,
+    /// Read-only status endpoint address, or "none".
+    #[arg(long)]
+    pub status_address: Option<String>,
+    /// PLEG relist period, e.g. 1s.
+    #[arg(long)]
+    pub pleg_relist_period: Option<String>,
+    /// Timeout of every CRI call but image pulls, e.g. 2m.
+    #[arg(long)]
+    pub runtime_request_timeout: Option<String>,
+    /// First CrashLoopBackOff / ImagePullBackOff delay, e.g. 10s.
+    #[arg(long)]
+    pub crash_loop_back_off_initial: Option<String>,
+    /// Longest back-off delay, e.g. 5m.
+    #[arg(long)]
+    pub crash_loop_back_off_max: Option<String>,
+    /// Cluster DNS server IPs for ClusterFirst pods.
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_dns: Option<Vec<String>>,
+    /// Cluster domain (cluster.local).
+    #[arg(long)]
+    pub cluster_domain: Option<String>,
+    /// How often every pod is re-synced without an event, e.g. 10s.
+    #[arg(long)]
+    pub sync_frequency: Option<String>,
+}

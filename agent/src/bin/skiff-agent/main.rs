@@ -1,0 +1,103 @@
+//! skiff-agent: thin binary over the `skiff_agent` library.
+
+mod cli;
+mod pods;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use skiff_agent::config::{parse_duration, parse_optional_addr, Config, FileConfig};
+
+fn main() -> Result<()> {
+    let cli = cli::Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match cli.command {
+        Some(cli::Command::Pods { address, output }) => rt.block_on(pods::run(&address, &output)),
+        None => {
+            init_logging();
+            let config = effective_config(cli.run)?;
+            rt.block_on(async {
+                skiff_agent::run(config, shutdown_signal()).await.context("skiff-agent failed")
+            })
+        }
+    }
+}
+
+fn init_logging() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Defaults, then the config file, then flags.
+fn effective_config(f: cli::RunFlags) -> Result<Config> {
+    let mut c = Config::default();
+    if let Some(path) = &f.config {
+        FileConfig::load(path)?.apply(&mut c).map_err(anyhow::Error::msg)?;
+    }
+    let dur = |name: &str, v: &Option<String>| -> Result<Option<std::time::Duration>> {
+        v.as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--{name}: {e}"))
+    };
+    if let Some(v) = f.container_runtime_endpoint {
+        c.container_runtime_endpoint = v;
+    }
+    if let Some(v) = f.root_dir {
+        c.root_dir = v;
+    }
+    if let Some(v) = f.static_pod_path {
+        c.static_pod_path = Some(v);
+    }
+    if let Some(v) = f.node_name {
+        c.node_name = v.to_lowercase();
+    }
+    if let Some(v) = f.pod_log_dir {
+        c.pod_log_dir = v;
+    }
+    if let Some(v) = f.status_address {
+        c.status_address = parse_optional_addr(&v).map_err(|e| anyhow::anyhow!("--status-address: {e}"))?;
+    }
+    if let Some(v) = dur("pleg-relist-period", &f.pleg_relist_period)? {
+        c.pleg_relist_period = v;
+    }
+    if let Some(v) = dur("runtime-request-timeout", &f.runtime_request_timeout)? {
+        c.runtime_request_timeout = v;
+    }
+    if let Some(v) = dur("crash-loop-back-off-initial", &f.crash_loop_back_off_initial)? {
+        c.backoff_initial = v;
+    }
+    if let Some(v) = dur("crash-loop-back-off-max", &f.crash_loop_back_off_max)? {
+        c.backoff_max = v;
+    }
+    if let Some(v) = dur("sync-frequency", &f.sync_frequency)? {
+        c.sync_frequency = v;
+    }
+    if let Some(v) = f.cluster_dns {
+        c.cluster_dns = v;
+    }
+    if let Some(v) = f.cluster_domain {
+        c.cluster_domain = v;
+    }
+    Ok(c)
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,256 @@
+//! Agent configuration: a YAML file (`--config`) overlaid by flags.
+//!
+//! Field names follow the kubelet's KubeletConfiguration where one exists
+//! (`staticPodPath`, `containerRuntimeEndpoint`, ...), so an operator's
+//! muscle memory carries over.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Errors loading the configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML for the agent's configuration.
+    #[error("config file {path} is invalid: {source} (see `skiff-agent --help` for the field names)")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The effective configuration of a running agent.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_name: String,
+    pub container_runtime_endpoint: String,
+    pub root_dir: PathBuf,
+    pub pod_log_dir: PathBuf,
+    pub static_pod_path: Option<PathBuf>,
+    /// How often the PLEG relists the runtime when no event stream exists.
+    pub pleg_relist_period: Duration,
+    /// Timeout for every CRI call except image pulls.
+    pub runtime_request_timeout: Duration,
+    pub image_pull_timeout: Duration,
+    /// CrashLoopBackOff / ImagePullBackOff: first delay, doubling up to max.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// A container that ran this long without failing resets its back-off.
+    pub backoff_reset: Duration,
+    /// Read-only status endpoint (`/pods`, `/node`, `/healthz`), the
+    /// kubelet's read-only port.
+    pub status_address: Option<SocketAddr>,
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
+    pub max_pods: u32,
+    /// How often every pod is re-synced even without an event.
+    pub sync_frequency: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_name: default_node_name(),
+            container_runtime_endpoint: "unix:///run/containerd/containerd.sock".into(),
+            root_dir: "/var/lib/skiff-agent".into(),
+            pod_log_dir: "/var/log/pods".into(),
+            static_pod_path: None,
+            pleg_relist_period: Duration::from_secs(1),
+            runtime_request_timeout: Duration::from_secs(120),
+            image_pull_timeout: Duration::from_secs(300),
+            backoff_initial: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+            backoff_reset: Duration::from_secs(600),
+            status_address: Some(SocketAddr::from(([127, 0, 0, 1], 10255))),
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".into(),
+            max_pods: 110,
+            sync_frequency: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The YAML file: every field optional, durations as `10s`, `5m`, `1h`, or
+/// plain seconds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    pub node_name: Option<String>,
+    pub container_runtime_endpoint: Option<String>,
+    pub root_dir: Option<PathBuf>,
+    pub pod_log_dir: Option<PathBuf>,
+    pub static_pod_path: Option<PathBuf>,
+    pub pleg_relist_period: Option<DurationStr>,
+    pub runtime_request_timeout: Option<DurationStr>,
+    pub image_pull_timeout: Option<DurationStr>,
+    pub crash_loop_back_off_initial: Option<DurationStr>,
+    pub crash_loop_back_off_max: Option<DurationStr>,
+    pub crash_loop_back_off_reset: Option<DurationStr>,
+    pub status_address: Option<String>,
+    #[serde(rename = "clusterDNS")]
+    pub cluster_dns: Option<Vec<String>>,
+    pub cluster_domain: Option<String>,
+    pub max_pods: Option<u32>,
+    pub sync_frequency: Option<DurationStr>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<FileConfig> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Apply the file's values over the defaults.
+    pub fn apply(self, c: &mut Config) -> std::result::Result<(), String> {
+        macro_rules! set {
+            ($field:ident, $src:expr) => {
+                if let Some(v) = $src {
+                    c.$field = v;
+                }
+            };
+        }
+        set!(node_name, self.node_name);
+        set!(container_runtime_endpoint, self.container_runtime_endpoint);
+        set!(root_dir, self.root_dir);
+        set!(pod_log_dir, self.pod_log_dir);
+        c.static_pod_path = self.static_pod_path.or(c.static_pod_path.take());
+        set!(pleg_relist_period, self.pleg_relist_period.map(|d| d.0));
+        set!(runtime_request_timeout, self.runtime_request_timeout.map(|d| d.0));
+        set!(image_pull_timeout, self.image_pull_timeout.map(|d| d.0));
+        set!(backoff_initial, self.crash_loop_back_off_initial.map(|d| d.0));
+        set!(backoff_max, self.crash_loop_back_off_max.map(|d| d.0));
+        set!(backoff_reset, self.crash_loop_back_off_reset.map(|d| d.0));
+        set!(cluster_dns, self.cluster_dns);
+        set!(cluster_domain, self.cluster_domain);
+        set!(max_pods, self.max_pods);
+        set!(sync_frequency, self.sync_frequency.map(|d| d.0));
+        if let Some(addr) = self.status_address {
+            c.status_address = parse_optional_addr(&addr)?;
+        }
+        Ok(())
+    }
+}
+
+/// `""` or `none` disables the endpoint.
+pub fn parse_optional_addr(s: &str) -> std::result::Result<Option<SocketAddr>, String> {
+    if s.is_empty() || s == "none" {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|e| format!("invalid address {s:?}: {e} (expected HOST:PORT, or none)"))
+}
+
+/// A duration written the Kubernetes way (`300ms`, `10s`, `5m`, `1h30m`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationStr(pub Duration);
+
+impl<'de> Deserialize<'de> for DurationStr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Secs(s) => Ok(DurationStr(Duration::from_secs(s))),
+            Raw::Text(t) => parse_duration(&t).map(DurationStr).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parse `1h2m3s`, `500ms`, `10s`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut num = String::new();
+    let mut chars = s.chars().peekable();
+    let mut seen_unit = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            num.push(c);
+            continue;
+        }
+        let mut unit = c.to_string();
+        if c == 'm' && chars.peek() == Some(&'s') {
+            unit.push(chars.next().unwrap_or('s'));
+        }
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}: expected e.g. 10s, 5m, 1h"))?;
+        let secs = match unit.as_str() {
+            "ms" => value / 1000.0,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            _ => return Err(format!("invalid duration {s:?}: unknown unit {unit:?}")),
+        };
+        total += Duration::from_secs_f64(secs);
+        num.clear();
+        seen_unit = true;
+    }
+    if !num.is_empty() || !seen_unit {
+        return Err(format!("invalid duration {s:?}: expected e.g. 10s, 5m, 1h"));
+    }
+    Ok(total)
+}
+
+/// The kubelet's default node name: the hostname, lowercased.
+pub fn default_node_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+        .to_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn file_overlays_defaults_and_rejects_unknown_fields() {
+        let f: FileConfig =
+            serde_yaml::from_str("staticPodPath: /etc/pods\ncrashLoopBackOffInitial: 1s\nstatusAddress: none\n")
+                .unwrap();
+        let mut c = Config::default();
+        f.apply(&mut c).unwrap();
+        assert_eq!(c.static_pod_path.as_deref(), Some(Path::new("/etc/pods")));
+        assert_eq!(c.backoff_initial, Duration::from_secs(1));
+        assert_eq!(c.status_address, None);
+        assert!(serde_yaml::from_str::<FileConfig>("staticPodPth: x").is_err());
+    }
+}

@@ -1,0 +1,193 @@
+//! The pod manager: merges the sources' snapshots into the desired set,
+//! starts a worker per desired pod, tells workers to terminate pods that
+//! are no longer desired, routes PLEG wake-ups, and tears down orphans
+//! (pods in the runtime that no source wants) once every source has
+//! reported, so that a restarted agent never kills a pod it simply has not
+//! read yet.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::pleg::Relist;
+use crate::pod::PodExt;
+use crate::source::PodUpdate;
+use crate::worker::{self, Msg, Shared};
+
+struct Handle {
+    tx: mpsc::UnboundedSender<Msg>,
+    join: JoinHandle<()>,
+    terminating: bool,
+}
+
+pub struct Manager {
+    shared: Arc<Shared>,
+    /// Desired pods per source, by uid.
+    desired: HashMap<&'static str, HashMap<String, Pod>>,
+    /// Sources that must report once before orphans may be removed.
+    expected_sources: HashSet<&'static str>,
+    workers: HashMap<String, Handle>,
+    done_tx: worker::DoneTx,
+    done_rx: mpsc::UnboundedReceiver<String>,
+}
+
+impl Manager {
+    pub fn new(shared: Arc<Shared>, expected_sources: &[&'static str]) -> Manager {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Manager {
+            shared,
+            desired: HashMap::new(),
+            expected_sources: expected_sources.iter().copied().collect(),
+            workers: HashMap::new(),
+            done_tx,
+            done_rx,
+        }
+    }
+
+    fn sources_ready(&self) -> bool {
+        self.expected_sources.iter().all(|s| self.desired.contains_key(s))
+    }
+
+    fn desired_pod(&self, uid: &str) -> Option<&Pod> {
+        self.desired.values().find_map(|m| m.get(uid))
+    }
+
+    /// Run until `shutdown` resolves. Receivers: source snapshots, PLEG
+    /// relists, and event-stream wake-ups; each closes when its sender ends.
+    pub async fn run(
+        mut self,
+        mut sources: mpsc::Receiver<PodUpdate>,
+        mut relists: mpsc::Receiver<Relist>,
+        mut wakes: mpsc::UnboundedReceiver<String>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut housekeeping = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                Some(update) = sources.recv() => self.apply(update),
+                Some(relist) = relists.recv() => self.on_relist(relist),
+                Some(uid) = wakes.recv() => self.wake(&uid),
+                Some(uid) = self.done_rx.recv() => self.on_done(&uid),
+                _ = housekeeping.tick() => {
+                    let now = Instant::now();
+                    self.shared.crash_backoff.lock().unwrap_or_else(|e| e.into_inner()).gc(now);
+                    self.shared.image_backoff.lock().unwrap_or_else(|e| e.into_inner()).gc(now);
+                }
+                _ = &mut shutdown => break,
+            }
+        }
+        self.stop().await;
+    }
+
+    /// Agent shutdown: workers stop where they are; containers keep running.
+    async fn stop(self) {
+        let mut joins = Vec::new();
+        for (_, h) in self.workers {
+            drop(h.tx);
+            joins.push(h.join);
+        }
+        let all = futures::future::join_all(joins.iter_mut());
+        if tokio::time::timeout(Duration::from_secs(5), all).await.is_err() {
+            for j in &joins {
+                j.abort();
+            }
+        }
+    }
+
+    fn apply(&mut self, update: PodUpdate) {
+        let new: HashMap<String, Pod> = update
+            .pods
+            .into_iter()
+            .map(|p| (p.uid().to_string(), p))
+            .collect();
+        let old = self.desired.insert(update.source, new.clone()).unwrap_or_default();
+        for (uid, pod) in &new {
+            match old.get(uid) {
+                Some(prev) if prev == pod => {}
+                _ => self.ensure_worker(uid, pod.clone()),
+            }
+        }
+        for (uid, pod) in old {
+            if !new.contains_key(&uid) && self.desired_pod(&uid).is_none() {
+                tracing::info!(pod = %pod.key(), "pod removed from {}, stopping it", update.source);
+                self.terminate(&uid, None);
+            }
+        }
+    }
+
+    fn ensure_worker(&mut self, uid: &str, pod: Pod) {
+        if let Some(h) = self.workers.get(uid) {
+            if !h.terminating {
+                let _ = h.tx.send(Msg::Update(Box::new(pod)));
+            }
+            // A terminating worker finishes first; `on_done` restarts it.
+            return;
+        }
+        tracing::info!(pod = %pod.key(), uid, "pod added");
+        self.spawn(uid, Some(pod));
+    }
+
+    fn spawn(&mut self, uid: &str, pod: Option<Pod>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let join = tokio::spawn(worker::run(
+            self.shared.clone(),
+            uid.to_string(),
+            pod,
+            rx,
+            self.done_tx.clone(),
+        ));
+        self.workers.insert(
+            uid.to_string(),
+            Handle {
+                tx,
+                join,
+                terminating: false,
+            },
+        );
+    }
+
+    fn terminate(&mut self, uid: &str, grace: Option<i64>) {
+        if !self.workers.contains_key(uid) {
+            self.spawn(uid, None);
+        }
+        if let Some(h) = self.workers.get_mut(uid) {
+            h.terminating = true;
+            let _ = h.tx.send(Msg::Terminate { grace });
+        }
+    }
+
+    fn on_done(&mut self, uid: &str) {
+        self.workers.remove(uid);
+        if let Some(pod) = self.desired_pod(uid).cloned() {
+            // Re-added while it was being torn down.
+            self.spawn(uid, Some(pod));
+        }
+    }
+
+    fn wake(&self, uid: &str) {
+        if let Some(h) = self.workers.get(uid) {
+            let _ = h.tx.send(Msg::Sync);
+        }
+    }
+
+    fn on_relist(&mut self, relist: Relist) {
+        for uid in &relist.changed {
+            self.wake(uid);
+        }
+        if !self.sources_ready() {
+            return;
+        }
+        for uid in relist.present {
+            if !self.workers.contains_key(&uid) && self.desired_pod(&uid).is_none() {
+                tracing::info!(uid, "found pod no source wants, removing it");
+                self.terminate(&uid, None);
+            }
+        }
+    }
+}

@@ -1,0 +1,219 @@
+use super::*;
+use crate::runtime::state::SandboxInfo;
+
+const SEC: i64 = 1_000_000_000;
+
+fn pod(yaml: &str) -> Pod {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+fn two_containers(policy: &str) -> Pod {
+    pod(&format!(
+        "metadata: {{name: p, uid: u}}\nspec:\n  restartPolicy: {policy}\n  containers: [{{name: a, image: i}}, {{name: b, image: i}}]\n"
+    ))
+}
+
+fn sandbox(id: &str, ready: bool, created: i64) -> SandboxInfo {
+    SandboxInfo {
+        id: id.into(),
+        attempt: 0,
+        ready,
+        created_at: created,
+        ips: vec!["198.18.0.2".into()],
+    }
+}
+
+fn container(pod: &Pod, name: &str, state: State, restarts: u32, exit: i32) -> ContainerInfo {
+    let spec = pod.containers().iter().chain(pod.init_containers()).find(|c| c.name == name).unwrap();
+    ContainerInfo {
+        id: format!("{name}-{restarts}"),
+        sandbox_id: "s1".into(),
+        name: name.into(),
+        state,
+        restart_count: restarts,
+        hash: container_hash(spec),
+        created_at: 10 * SEC,
+        started_at: 10 * SEC,
+        finished_at: if state == State::Exited { 20 * SEC } else { 0 },
+        exit_code: exit,
+        reason: String::new(),
+        message: String::new(),
+        image: "i".into(),
+        image_ref: "sha256:1".into(),
+        grace_period: 30,
+        termination_message_file: None,
+        termination_message_policy: "File".into(),
+        log_path: String::new(),
+    }
+}
+
+fn backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(10), Duration::from_secs(300))
+}
+
+fn names(plan: &Plan) -> Vec<&str> {
+    plan.start.iter().map(|s| s.name.as_str()).collect()
+}
+
+#[test]
+fn new_pod_creates_sandbox_and_starts_all() {
+    let p = two_containers("Always");
+    let plan = compute(&p, &PodRuntime::default(), &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.create_sandbox, Some(0));
+    assert_eq!(names(&plan), vec!["a", "b"]);
+}
+
+#[test]
+fn adopted_running_pod_needs_nothing() {
+    let p = two_containers("Always");
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![
+            container(&p, "a", State::Running, 3, 0),
+            container(&p, "b", State::Running, 0, 0),
+        ],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan, Plan::default());
+}
+
+#[test]
+fn changed_spec_restarts_only_that_container() {
+    let p = two_containers("Always");
+    let mut a = container(&p, "a", State::Running, 0, 0);
+    a.hash = "old".into();
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![a, container(&p, "b", State::Running, 0, 0)],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.kill.len(), 1);
+    assert_eq!(names(&plan), vec!["a"]);
+    assert_eq!(plan.start[0].restart_count, 1);
+}
+
+#[test]
+fn init_containers_run_in_order() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  initContainers: [{name: i1, image: i}, {name: i2, image: i}]\n  containers: [{name: a, image: i}]\n");
+    let s = sandbox("s1", true, SEC);
+    let mut rt = PodRuntime {
+        sandboxes: vec![s],
+        containers: vec![container(&p, "i1", State::Running, 0, 0)],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert!(plan.start.is_empty(), "waits for i1: {plan:?}");
+    rt.containers = vec![container(&p, "i1", State::Exited, 0, 0)];
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(names(&plan), vec!["i2"]);
+    rt.containers.push(container(&p, "i2", State::Exited, 0, 0));
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(names(&plan), vec!["a"]);
+    assert!(!plan.start[0].init);
+}
+
+#[test]
+fn failed_init_under_never_ends_the_pod() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  restartPolicy: Never\n  initContainers: [{name: i1, image: i}]\n  containers: [{name: a, image: i}]\n");
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![container(&p, "i1", State::Exited, 0, 1)],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert!(plan.terminal);
+    assert!(plan.start.is_empty());
+}
+
+#[test]
+fn restart_policies_on_failure_and_success() {
+    for (policy, exit, restarts) in [
+        ("Always", 0, true),
+        ("Always", 1, true),
+        ("OnFailure", 0, false),
+        ("OnFailure", 1, true),
+        ("Never", 1, false),
+    ] {
+        let p = pod(&format!(
+            "metadata: {{name: p, uid: u}}\nspec:\n  restartPolicy: {policy}\n  containers: [{{name: a, image: i}}]\n"
+        ));
+        let rt = PodRuntime {
+            sandboxes: vec![sandbox("s1", true, SEC)],
+            containers: vec![container(&p, "a", State::Exited, 0, exit)],
+        };
+        let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+        assert_eq!(!plan.start.is_empty(), restarts, "{policy} exit {exit}");
+        assert_eq!(plan.terminal, !restarts, "{policy} exit {exit}");
+    }
+}
+
+#[test]
+fn crash_loop_waits_for_backoff() {
+    let p = two_containers("Always");
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![
+            container(&p, "a", State::Exited, 1, 1),
+            container(&p, "b", State::Running, 0, 0),
+        ],
+    };
+    let mut b = backoff();
+    let now = Instant::now();
+    b.next(&backoff_key("u", "a"), now);
+    // Finished at 20 s, now 24 s: 6 s of the 10 s back-off left.
+    let plan = compute(&p, &rt, &b, now, 24 * SEC);
+    assert!(plan.start.is_empty());
+    assert_eq!(plan.waiting[0].reason, "CrashLoopBackOff");
+    assert!(plan.waiting[0].message.starts_with("back-off 10s restarting failed container=a pod=p_default(u)"));
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(6)));
+    let plan = compute(&p, &rt, &b, now, 31 * SEC);
+    assert_eq!(names(&plan), vec!["a"]);
+    assert_eq!(plan.start[0].restart_count, 2);
+}
+
+#[test]
+fn dead_sandbox_is_replaced_unless_pod_is_over() {
+    let p = two_containers("Always");
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", false, SEC)],
+        containers: vec![
+            container(&p, "a", State::Exited, 0, 137),
+            container(&p, "b", State::Exited, 0, 137),
+        ],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.create_sandbox, Some(1));
+    assert_eq!(plan.start.iter().map(|s| s.restart_count).collect::<Vec<_>>(), vec![1, 1]);
+    let p = two_containers("Never");
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.create_sandbox, None);
+    assert!(plan.terminal);
+}
+
+#[test]
+fn gc_keeps_newest_dead_container_per_name() {
+    let p = two_containers("Always");
+    let mut old = container(&p, "a", State::Exited, 0, 1);
+    old.id = "a-old".into();
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![
+            container(&p, "a", State::Running, 2, 0),
+            container(&p, "a", State::Exited, 1, 1),
+            old,
+            container(&p, "b", State::Running, 0, 0),
+        ],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.remove_containers, vec!["a-old"]);
+}
+
+#[test]
+fn duplicate_sandbox_is_stopped() {
+    let p = two_containers("Always");
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s2", true, 2 * SEC), sandbox("s1", true, SEC)],
+        containers: vec![],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.stop_sandboxes, vec!["s1"]);
+    assert_eq!(plan.remove_sandboxes, vec!["s1"]);
+}

@@ -1,0 +1,75 @@
+//! Small accessors on k8s-openapi's Pod, so the rest of the agent reads
+//! `pod.uid()` instead of unwrapping options everywhere.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+/// Restart policy of a pod (`spec.restartPolicy`, default Always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    /// Whether a container that exited with `exit_code` runs again.
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => exit_code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+pub trait PodExt {
+    fn name(&self) -> &str;
+    fn namespace(&self) -> &str;
+    fn uid(&self) -> &str;
+    /// `namespace/name` for logs and messages.
+    fn key(&self) -> String;
+    fn restart_policy(&self) -> RestartPolicy;
+    /// The grace period for stopping: deletionGracePeriodSeconds when the
+    /// pod is being deleted, else terminationGracePeriodSeconds (30).
+    fn grace_period_seconds(&self) -> i64;
+    fn containers(&self) -> &[Container];
+    fn init_containers(&self) -> &[Container];
+}
+
+impl PodExt for Pod {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or("")
+    }
+    fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or("default")
+    }
+    fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or("")
+    }
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace(), self.name())
+    }
+    fn restart_policy(&self) -> RestartPolicy {
+        match self.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) {
+            Some("Never") => RestartPolicy::Never,
+            Some("OnFailure") => RestartPolicy::OnFailure,
+            _ => RestartPolicy::Always,
+        }
+    }
+    fn grace_period_seconds(&self) -> i64 {
+        self.metadata
+            .deletion_grace_period_seconds
+            .or_else(|| self.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .unwrap_or(30)
+            .max(0)
+    }
+    fn containers(&self) -> &[Container] {
+        self.spec.as_ref().map(|s| &s.containers[..]).unwrap_or_default()
+    }
+    fn init_containers(&self) -> &[Container] {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or_default()
+    }
+}

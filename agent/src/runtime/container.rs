@@ -1,0 +1,323 @@
+//! ContainerConfig from a pod's container, as the kubelet's
+//! `generateContainerConfig`: command and args with `$(VAR)` expansion,
+//! environment, resources, security context, log path, and the labels and
+//! annotations that let a restarted agent recognise the container.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use cri_proto::v1;
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+use sha2::{Digest, Sha256};
+
+use super::labels;
+use super::resources::{self, Which};
+use super::sandbox::namespace_options;
+use crate::pod::PodExt;
+
+/// A container's environment could not be built (the kubelet's
+/// CreateContainerConfigError).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Facts about the pod's placement that env vars may refer to.
+pub struct ContainerContext<'a> {
+    pub node_name: &'a str,
+    pub pod_ip: &'a str,
+    pub host_ip: &'a str,
+    /// Directory for this container's termination message files.
+    pub container_dir: &'a Path,
+}
+
+/// A stable hash of the container spec: when it changes, the container is
+/// restarted (kubelet `HashContainer`). serde_json of k8s-openapi types is
+/// deterministic (maps are BTreeMaps), so the hash survives agent restarts.
+pub fn container_hash(c: &Container) -> String {
+    let bytes = serde_json::to_vec(c).unwrap_or_default();
+    hex::encode(&Sha256::digest(&bytes)[..4])
+}
+
+/// The container's log path relative to the sandbox's log directory.
+pub fn log_path(name: &str, restart_count: u32) -> String {
+    format!("{name}/{restart_count}.log")
+}
+
+pub fn container_config(
+    pod: &Pod,
+    c: &Container,
+    restart_count: u32,
+    ctx: &ContainerContext,
+) -> Result<v1::ContainerConfig, ConfigError> {
+    let env = resolve_env(pod, c, ctx)?;
+    let lookup: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let command = c.command.iter().flatten().map(|s| expand(s, &lookup)).collect();
+    let args = c.args.iter().flatten().map(|s| expand(s, &lookup)).collect();
+
+    let mut cont_labels = HashMap::from([
+        (labels::POD_NAME.to_string(), pod.name().to_string()),
+        (labels::POD_NAMESPACE.to_string(), pod.namespace().to_string()),
+        (labels::POD_UID.to_string(), pod.uid().to_string()),
+        (labels::CONTAINER_NAME.to_string(), c.name.clone()),
+    ]);
+    cont_labels.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
+
+    let msg_path = c.termination_message_path.clone().unwrap_or_else(|| "/dev/termination-log".into());
+    let mut mounts = Vec::new();
+    let mut annotations = HashMap::from([
+        (labels::CONTAINER_HASH.to_string(), container_hash(c)),
+        (labels::CONTAINER_RESTART_COUNT.to_string(), restart_count.to_string()),
+        (labels::TERMINATION_MESSAGE_PATH.to_string(), msg_path.clone()),
+        (
+            labels::TERMINATION_MESSAGE_POLICY.to_string(),
+            c.termination_message_policy.clone().unwrap_or_else(|| "File".into()),
+        ),
+        (labels::POD_GRACE_PERIOD.to_string(), pod.grace_period_seconds().to_string()),
+    ]);
+    if let Some(ports) = &c.ports {
+        annotations.insert(labels::CONTAINER_PORTS.into(), serde_json::to_string(ports).unwrap_or_default());
+    }
+    if !msg_path.is_empty() {
+        // The kubelet bind-mounts an empty host file at the message path and
+        // reads it when the container terminates.
+        let host = ctx.container_dir.join(format!("termination-log-{restart_count}"));
+        if std::fs::create_dir_all(ctx.container_dir).is_ok() && std::fs::write(&host, b"").is_ok() {
+            mounts.push(v1::Mount {
+                container_path: msg_path,
+                host_path: host.display().to_string(),
+                ..Default::default()
+            });
+            annotations.insert(labels::TERMINATION_MESSAGE_FILE.into(), host.display().to_string());
+        }
+    }
+
+    Ok(v1::ContainerConfig {
+        metadata: Some(v1::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: restart_count,
+        }),
+        image: Some(v1::ImageSpec {
+            image: c.image.clone().unwrap_or_default(),
+            ..Default::default()
+        }),
+        command,
+        args,
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: env.into_iter().map(|(key, value)| v1::KeyValue { key, value: value.into_bytes() }).collect(),
+        mounts,
+        labels: cont_labels,
+        annotations,
+        log_path: log_path(&c.name, restart_count),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(linux_config(pod, c)),
+        ..Default::default()
+    })
+}
+
+fn linux_config(pod: &Pod, c: &Container) -> v1::LinuxContainerConfig {
+    let cpu_req = resources::get(c, Which::Request, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
+    let cpu_lim = resources::get(c, Which::Limit, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
+    let mem_lim = resources::get(c, Which::Limit, "memory").and_then(|q| resources::parse_bytes(&q));
+    let quota = resources::cpu_quota(cpu_lim);
+    let res = v1::LinuxContainerResources {
+        cpu_period: if quota > 0 { resources::CPU_PERIOD_US } else { 0 },
+        cpu_quota: quota,
+        cpu_shares: resources::cpu_shares(cpu_req),
+        memory_limit_in_bytes: mem_lim.unwrap_or(0),
+        ..Default::default()
+    };
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.clone()).unwrap_or_default();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let security = v1::LinuxContainerSecurityContext {
+        capabilities: Some(v1::Capability {
+            add_capabilities: caps.add.unwrap_or_default(),
+            drop_capabilities: caps.drop.unwrap_or_default(),
+            ..Default::default()
+        }),
+        privileged: sc.privileged.unwrap_or(false),
+        namespace_options: Some(namespace_options(pod)),
+        run_as_user: sc.run_as_user.or(psc.run_as_user).map(|value| v1::Int64Value { value }),
+        run_as_group: sc.run_as_group.or(psc.run_as_group).map(|value| v1::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        supplemental_groups: psc
+            .supplemental_groups
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .chain(psc.fs_group)
+            .collect(),
+        no_new_privs: sc.allow_privilege_escalation == Some(false),
+        ..Default::default()
+    };
+    v1::LinuxContainerConfig {
+        resources: Some(res),
+        security_context: Some(security),
+    }
+}
+
+/// The container's environment in order, with `$(VAR)` references to
+/// earlier variables expanded, as the kubelet does.
+fn resolve_env(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    if let Some(from) = c.env_from.as_ref().filter(|f| !f.is_empty()) {
+        let what = if from[0].config_map_ref.is_some() { "configmap" } else { "secret" };
+        return Err(ConfigError(format!(
+            "envFrom {what} is not available: this node has no API server connection to read it from"
+        )));
+    }
+    for EnvVar { name, value, value_from } in c.env.iter().flatten() {
+        let resolved = match (value, value_from) {
+            (_, Some(from)) => {
+                if let Some(f) = &from.field_ref {
+                    field_ref(pod, &f.field_path, ctx)?
+                } else if let Some(r) = &from.resource_field_ref {
+                    resource_field_ref(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str()))?
+                } else if let Some(k) = &from.config_map_key_ref {
+                    return Err(ConfigError(format!(
+                        "configmap {:?} not found (key {:?} for env {name}): this node has no API server connection",
+                        k.name, k.key
+                    )));
+                } else if let Some(k) = &from.secret_key_ref {
+                    return Err(ConfigError(format!(
+                        "secret {:?} not found (key {:?} for env {name}): this node has no API server connection",
+                        k.name, k.key
+                    )));
+                } else {
+                    String::new()
+                }
+            }
+            (Some(v), None) => {
+                let lookup: HashMap<&str, &str> = out.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                expand(v, &lookup)
+            }
+            (None, None) => String::new(),
+        };
+        out.retain(|(k, _)| k != name);
+        out.push((name.clone(), resolved));
+    }
+    Ok(out)
+}
+
+fn field_ref(pod: &Pod, path: &str, ctx: &ContainerContext) -> Result<String, ConfigError> {
+    let spec = pod.spec.as_ref();
+    Ok(match path {
+        "metadata.name" => pod.name().into(),
+        "metadata.namespace" => pod.namespace().into(),
+        "metadata.uid" => pod.uid().into(),
+        "spec.nodeName" => ctx.node_name.into(),
+        "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+        "status.podIP" | "status.podIPs" => ctx.pod_ip.into(),
+        "status.hostIP" | "status.hostIPs" => ctx.host_ip.into(),
+        p => {
+            let label = |prefix: &str, map: &Option<std::collections::BTreeMap<String, String>>| {
+                p.strip_prefix(prefix)
+                    .and_then(|k| k.strip_prefix("['").and_then(|k| k.strip_suffix("']")))
+                    .map(|k| map.as_ref().and_then(|m| m.get(k).cloned()).unwrap_or_default())
+            };
+            label("metadata.labels", &pod.metadata.labels)
+                .or_else(|| label("metadata.annotations", &pod.metadata.annotations))
+                .ok_or_else(|| ConfigError(format!("unsupported fieldRef {p:?}")))?
+        }
+    })
+}
+
+fn resource_field_ref(c: &Container, resource: &str, divisor: Option<&str>) -> Result<String, ConfigError> {
+    let (which, name) = resource
+        .split_once('.')
+        .ok_or_else(|| ConfigError(format!("unsupported resourceFieldRef {resource:?}")))?;
+    let which = match which {
+        "limits" => Which::Limit,
+        "requests" => Which::Request,
+        _ => return Err(ConfigError(format!("unsupported resourceFieldRef {resource:?}"))),
+    };
+    let value = resources::get(c, which, name).and_then(|q| resources::parse_quantity(&q));
+    let divisor = divisor.and_then(resources::parse_quantity).filter(|d| *d > 0.0).unwrap_or(1.0);
+    // Unset limits read as node allocatable upstream; 0 is the honest
+    // answer until the node's capacity is wired in.
+    Ok(value.map(|v| (v / divisor).ceil() as i64).unwrap_or(0).to_string())
+}
+
+/// `$(VAR)` expansion: defined variables are replaced, `$$` escapes,
+/// undefined references stay as written (Kubernetes semantics).
+pub fn expand(s: &str, vars: &HashMap<&str, &str>) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with("$$") {
+            out.push('$');
+            rest = &tail[2..];
+        } else if let Some(end) = tail.strip_prefix("$(").and_then(|t| t.find(')')) {
+            let name = &tail[2..2 + end];
+            match vars.get(name) {
+                Some(v) => out.push_str(v),
+                None => out.push_str(&tail[..end + 3]),
+            }
+            rest = &tail[end + 3..];
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expansion() {
+        let vars = HashMap::from([("A", "1"), ("B", "two")]);
+        assert_eq!(expand("x$(A)-$(B)", &vars), "x1-two");
+        assert_eq!(expand("$(C) $$(A) $", &vars), "$(C) $(A) $");
+    }
+
+    #[test]
+    fn config_carries_env_resources_and_labels() {
+        let pod: Pod = serde_yaml::from_str(
+            "metadata: {name: web, namespace: ns, uid: u}\nspec:\n  containers:\n  - name: c\n    image: toolbox:1\n    command: [sh, -c]\n    args: ['echo $(GREETING) $(POD)']\n    env:\n    - {name: GREETING, value: hi}\n    - name: POD\n      valueFrom: {fieldRef: {fieldPath: metadata.name}}\n    resources: {limits: {cpu: 250m, memory: 64Mi}}\n    securityContext: {runAsUser: 1000, readOnlyRootFilesystem: true, capabilities: {add: [NET_ADMIN]}}\n",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ContainerContext {
+            node_name: "n1",
+            pod_ip: "198.18.0.5",
+            host_ip: "198.18.0.1",
+            container_dir: dir.path(),
+        };
+        let c = &pod.containers()[0];
+        let cfg = container_config(&pod, c, 3, &ctx).unwrap();
+        assert_eq!(cfg.args, vec!["echo hi web"]);
+        assert_eq!(cfg.log_path, "c/3.log");
+        assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 3);
+        assert_eq!(cfg.labels[labels::CONTAINER_NAME], "c");
+        assert_eq!(cfg.annotations[labels::CONTAINER_RESTART_COUNT], "3");
+        let linux = cfg.linux.unwrap();
+        let r = linux.resources.unwrap();
+        assert_eq!((r.cpu_quota, r.cpu_period, r.cpu_shares), (25_000, 100_000, 256));
+        assert_eq!(r.memory_limit_in_bytes, 64 << 20);
+        let sc = linux.security_context.unwrap();
+        assert_eq!(sc.run_as_user.unwrap().value, 1000);
+        assert!(sc.readonly_rootfs);
+        assert_eq!(sc.capabilities.unwrap().add_capabilities, vec!["NET_ADMIN"]);
+        assert_eq!(cfg.mounts[0].container_path, "/dev/termination-log");
+    }
+
+    #[test]
+    fn missing_configmap_is_a_config_error() {
+        let pod: Pod = serde_yaml::from_str(
+            "metadata: {name: w, uid: u}\nspec:\n  containers:\n  - name: c\n    image: i\n    env:\n    - name: X\n      valueFrom: {configMapKeyRef: {name: cm, key: k}}\n",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ContainerContext { node_name: "n", pod_ip: "", host_ip: "", container_dir: dir.path() };
+        let e = container_config(&pod, &pod.containers()[0], 0, &ctx).unwrap_err();
+        assert!(e.0.contains("configmap \"cm\" not found"), "{e}");
+    }
+}

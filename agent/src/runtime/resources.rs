@@ -1,0 +1,113 @@
+//! Kubernetes quantities to the Linux numbers CRI wants, with the
+//! kubelet's formulas (`MilliCPUToShares`, `MilliCPUToQuota`).
+
+use k8s_openapi::api::core::v1::Container;
+
+pub const CPU_PERIOD_US: i64 = 100_000;
+const MIN_SHARES: i64 = 2;
+const MAX_SHARES: i64 = 262_144;
+const MIN_QUOTA_US: i64 = 1_000;
+
+/// A quantity as a float: `1.5`, `100m`, `2Gi`, `1e3`, `5M`.
+pub fn parse_quantity(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let mult = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse().ok()?),
+        _ => return None,
+    };
+    let v = value * mult;
+    (v.is_finite() && v >= 0.0).then_some(v)
+}
+
+/// CPU in millicores, rounded up as the apiserver does.
+pub fn parse_cpu_millis(s: &str) -> Option<i64> {
+    parse_quantity(s).map(|v| (v * 1000.0).ceil() as i64)
+}
+
+/// Bytes, rounded up.
+pub fn parse_bytes(s: &str) -> Option<i64> {
+    parse_quantity(s).map(|v| v.ceil() as i64)
+}
+
+/// A container's request or limit for one resource. Requests default to
+/// limits when only limits are given (apiserver defaulting).
+pub fn get(c: &Container, which: Which, resource: &str) -> Option<String> {
+    let res = c.resources.as_ref()?;
+    let from = |m: &Option<std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+        m.as_ref().and_then(|m| m.get(resource)).map(|q| q.0.clone())
+    };
+    match which {
+        Which::Limit => from(&res.limits),
+        Which::Request => from(&res.requests).or_else(|| from(&res.limits)),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Which {
+    Request,
+    Limit,
+}
+
+/// cgroup cpu.shares for a request (kubelet `MilliCPUToShares`).
+pub fn cpu_shares(request_millis: Option<i64>) -> i64 {
+    match request_millis {
+        None | Some(0) => MIN_SHARES,
+        Some(m) => (m * 1024 / 1000).clamp(MIN_SHARES, MAX_SHARES),
+    }
+}
+
+/// CFS quota for a limit (kubelet `MilliCPUToQuota`); 0 means unlimited.
+pub fn cpu_quota(limit_millis: Option<i64>) -> i64 {
+    match limit_millis {
+        None | Some(0) => 0,
+        Some(m) => (m * CPU_PERIOD_US / 1000).max(MIN_QUOTA_US),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_cpu_millis("100m"), Some(100));
+        assert_eq!(parse_cpu_millis("0.5"), Some(500));
+        assert_eq!(parse_cpu_millis("2"), Some(2000));
+        assert_eq!(parse_bytes("64Mi"), Some(64 << 20));
+        assert_eq!(parse_bytes("1G"), Some(1_000_000_000));
+        assert_eq!(parse_bytes("1e3"), Some(1000));
+        assert_eq!(parse_bytes("12abc"), None);
+        assert_eq!(parse_bytes("-1"), None);
+    }
+
+    #[test]
+    fn kubelet_formulas() {
+        assert_eq!(cpu_shares(None), 2);
+        assert_eq!(cpu_shares(Some(100)), 102);
+        assert_eq!(cpu_shares(Some(1000)), 1024);
+        assert_eq!(cpu_quota(Some(250)), 25_000);
+        assert_eq!(cpu_quota(Some(5)), 1_000);
+        assert_eq!(cpu_quota(None), 0);
+    }
+}

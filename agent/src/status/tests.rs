@@ -1,0 +1,149 @@
+use super::*;
+use crate::runtime::container::container_hash;
+use crate::runtime::state::SandboxInfo;
+
+const SEC: i64 = 1_000_000_000;
+
+fn pod(yaml: &str) -> Pod {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+fn c(pod: &Pod, name: &str, state: State, restarts: u32, exit: i32) -> ContainerInfo {
+    let spec = pod.containers().iter().chain(pod.init_containers()).find(|c| c.name == name).unwrap();
+    ContainerInfo {
+        id: format!("{name}{restarts}"),
+        sandbox_id: "s".into(),
+        name: name.into(),
+        state,
+        restart_count: restarts,
+        hash: container_hash(spec),
+        created_at: SEC,
+        started_at: 2 * SEC,
+        finished_at: if state == State::Exited { 3 * SEC } else { 0 },
+        exit_code: exit,
+        reason: String::new(),
+        message: String::new(),
+        image: String::new(),
+        image_ref: "sha256:abc".into(),
+        grace_period: 30,
+        termination_message_file: None,
+        termination_message_policy: "File".into(),
+        log_path: String::new(),
+    }
+}
+
+fn rt(containers: Vec<ContainerInfo>, ready: bool) -> PodRuntime {
+    PodRuntime {
+        sandboxes: vec![SandboxInfo {
+            id: "s".into(),
+            attempt: 0,
+            ready,
+            created_at: SEC,
+            ips: vec!["198.18.0.7".into()],
+        }],
+        containers,
+    }
+}
+
+fn run(p: &Pod, rt: &PodRuntime, waiting: &HashMap<String, WaitReason>) -> PodStatus {
+    let now = Timestamp::now();
+    compute(
+        p,
+        &Inputs {
+            rt,
+            waiting,
+            previous: None,
+            host_ip: "198.18.0.1",
+            runtime_name: "containerd",
+            start_time: now,
+            now,
+        },
+    )
+}
+
+fn cond<'a>(s: &'a PodStatus, t: &str) -> &'a PodCondition {
+    s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap()
+}
+
+#[test]
+fn running_pod_is_ready() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  containers: [{name: a, image: toolbox:1}]\n");
+    let s = run(&p, &rt(vec![c(&p, "a", State::Running, 0, 0)], true), &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    assert_eq!(s.pod_ip.as_deref(), Some("198.18.0.7"));
+    assert_eq!(cond(&s, "Ready").status, "True");
+    assert_eq!(cond(&s, "PodReadyToStartContainers").status, "True");
+    let cs = &s.container_statuses.as_ref().unwrap()[0];
+    assert!(cs.ready);
+    assert_eq!(cs.container_id.as_deref(), Some("containerd://a0"));
+    assert_eq!(cs.image_id, "sha256:abc");
+    assert_eq!(s.qos_class.as_deref(), Some("BestEffort"));
+    assert_eq!(display_status(&p, &s), "Running");
+}
+
+#[test]
+fn crash_loop_shows_waiting_and_last_state() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  containers: [{name: a, image: i}]\n");
+    let waiting = HashMap::from([(
+        "a".to_string(),
+        WaitReason {
+            reason: "CrashLoopBackOff".into(),
+            message: "back-off 10s".into(),
+        },
+    )]);
+    let s = run(&p, &rt(vec![c(&p, "a", State::Exited, 2, 1)], true), &waiting);
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    let cs = &s.container_statuses.as_ref().unwrap()[0];
+    assert_eq!(cs.restart_count, 2);
+    let w = cs.state.as_ref().unwrap().waiting.as_ref().unwrap();
+    assert_eq!(w.reason.as_deref(), Some("CrashLoopBackOff"));
+    let t = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!((t.exit_code, t.reason.as_deref()), (1, Some("Error")));
+    assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("ContainersNotReady"));
+    assert_eq!(display_status(&p, &s), "CrashLoopBackOff");
+}
+
+#[test]
+fn terminal_phases() {
+    let never = pod("metadata: {name: p, uid: u}\nspec:\n  restartPolicy: Never\n  containers: [{name: a, image: i}, {name: b, image: i}]\n");
+    let s = run(&never, &rt(vec![c(&never, "a", State::Exited, 0, 0), c(&never, "b", State::Exited, 0, 0)], false), &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Succeeded"));
+    assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
+    assert_eq!(display_status(&never, &s), "Completed");
+    let s = run(&never, &rt(vec![c(&never, "a", State::Exited, 0, 0), c(&never, "b", State::Exited, 0, 2)], false), &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Failed"));
+    assert_eq!(display_status(&never, &s), "Error");
+}
+
+#[test]
+fn initializing_pod_is_pending() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  initContainers: [{name: i1, image: i}]\n  containers: [{name: a, image: i}]\n");
+    let s = run(&p, &rt(vec![c(&p, "i1", State::Running, 0, 0)], true), &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    assert_eq!(cond(&s, "Initialized").status, "False");
+    let a = &s.container_statuses.as_ref().unwrap()[0];
+    assert_eq!(a.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+    assert_eq!(display_status(&p, &s), "Init:0/1");
+}
+
+#[test]
+fn image_pull_error_is_pending() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  containers: [{name: a, image: nope:1}]\n");
+    let waiting = HashMap::from([(
+        "a".to_string(),
+        WaitReason {
+            reason: "ImagePullBackOff".into(),
+            message: "Back-off pulling image \"nope:1\"".into(),
+        },
+    )]);
+    let s = run(&p, &rt(vec![], true), &waiting);
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    assert_eq!(display_status(&p, &s), "ImagePullBackOff");
+}
+
+#[test]
+fn go_durations() {
+    assert_eq!(fmt_duration(Duration::from_secs(10)), "10s");
+    assert_eq!(fmt_duration(Duration::from_secs(80)), "1m20s");
+    assert_eq!(fmt_duration(Duration::from_secs(300)), "5m0s");
+}

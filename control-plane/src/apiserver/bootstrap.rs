@@ -1,0 +1,65 @@
+//! Objects every cluster has from its first start: the system namespaces
+//! and the default RBAC policy. Idempotent: existing objects are kept.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::handlers::create_value;
+use super::request::Query;
+use super::resources::lookup;
+use super::status::ApiResult;
+use super::{ApiServer, Req};
+use crate::auth::{bootstrap, Attributes, Identity};
+
+pub const NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+fn system_req(group: &str, plural: &str, ns: Option<&str>) -> Req {
+    Req {
+        def: lookup(group, "v1", plural).expect("bootstrap kinds are served"),
+        ns: ns.map(String::from),
+        name: None,
+        sub: None,
+        query: Query::default(),
+        headers: http::HeaderMap::new(),
+        identity: Identity::new("system:apiserver", vec!["system:masters".into()]),
+        attrs: Attributes { verb: "create".into(), resource_request: true, ..Default::default() },
+    }
+}
+
+async fn ensure(api: &ApiServer, r: &Req, obj: Value) -> ApiResult<()> {
+    match create_value(api, r, obj).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Create what is missing, and load the allocator with stored services.
+///
+/// # Errors
+/// The store fails.
+pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
+    let ns_req = system_req("", "namespaces", None);
+    for ns in NAMESPACES {
+        ensure(api, &ns_req, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
+    }
+    for obj in bootstrap::cluster_roles() {
+        let plural = if obj["kind"] == "ClusterRole" { "clusterroles" } else { "clusterrolebindings" };
+        ensure(api, &system_req("rbac.authorization.k8s.io", plural, None), obj).await?;
+    }
+    let list = api.store.list("/registry/core/services/", None, 0, None).await?;
+    for kv in list.kvs {
+        if let Ok(v) = serde_json::from_slice::<Value>(&kv.value) {
+            if let Some(ip) = v["spec"]["clusterIP"].as_str() {
+                api.ips.mark(ip);
+            }
+            for p in v["spec"]["ports"].as_array().into_iter().flatten() {
+                if let Some(np) = p["nodePort"].as_u64() {
+                    api.ips.mark_port(np as u16);
+                }
+            }
+        }
+    }
+    Ok(())
+}

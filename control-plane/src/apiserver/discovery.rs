@@ -1,0 +1,160 @@
+//! Discovery documents: `/version`, `/api`, `/apis`, group-version resource
+//! lists, and aggregated discovery (`apidiscovery.k8s.io/v2`), which kubectl
+//! asks for first and which saves it one request per group.
+
+use serde_json::{json, Value};
+
+use super::resources::{self, ResourceDef, VERBS};
+
+/// The Kubernetes version this server speaks.
+pub const KUBE_MINOR: &str = "33";
+
+pub fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": KUBE_MINOR,
+        "gitVersion": format!("v1.{KUBE_MINOR}.0-skiff.{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "skiff",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "rust",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, if cfg!(target_arch = "x86_64") { "amd64" } else { std::env::consts::ARCH }),
+    })
+}
+
+pub fn core_versions() -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+    })
+}
+
+fn group_json(g: &str) -> Value {
+    let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
+    json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+}
+
+pub fn groups() -> Value {
+    let groups: Vec<Value> = resources::groups().into_iter().map(group_json).collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+pub fn group(g: &str) -> Option<Value> {
+    resources::groups().contains(&g).then(|| {
+        let mut v = group_json(g);
+        v["kind"] = json!("APIGroup");
+        v["apiVersion"] = json!("v1");
+        v
+    })
+}
+
+fn resource_json(r: &ResourceDef) -> Value {
+    let mut v = json!({
+        "name": r.plural,
+        "singularName": r.singular,
+        "namespaced": r.namespaced,
+        "kind": r.kind,
+        "verbs": VERBS,
+        "storageVersionHash": "",
+    });
+    if !r.short_names.is_empty() {
+        v["shortNames"] = json!(r.short_names);
+    }
+    if !r.categories.is_empty() {
+        v["categories"] = json!(r.categories);
+    }
+    v
+}
+
+/// `APIResourceList` for one group version; None when not served.
+pub fn group_version(group: &str, version: &str) -> Option<Value> {
+    let rs = resources::in_group_version(group, version);
+    if rs.is_empty() {
+        return None;
+    }
+    let mut list = Vec::new();
+    for r in rs {
+        list.push(resource_json(r));
+        for (sub, kind, verbs) in r.subresources() {
+            let mut s = json!({"name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced, "kind": kind, "verbs": verbs});
+            if sub == "scale" {
+                s["group"] = json!("autoscaling");
+                s["version"] = json!("v1");
+            }
+            list.push(s);
+        }
+    }
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
+}
+
+/// Whether the Accept header asks for aggregated discovery v2.
+pub fn wants_aggregated(accept: &str) -> bool {
+    accept.split(',').any(|a| a.contains("as=APIGroupDiscoveryList") && a.contains("v=v2") && !a.contains("v=v2beta1"))
+}
+
+/// Aggregated discovery (`APIGroupDiscoveryList`) for `/api` (core only) or
+/// `/apis` (every named group).
+pub fn aggregated(core: bool) -> Value {
+    let groups: Vec<&str> = if core { vec![""] } else { resources::groups() };
+    let items: Vec<Value> = groups
+        .into_iter()
+        .map(|g| {
+            let resources: Vec<Value> = resources::in_group_version(g, "v1")
+                .into_iter()
+                .map(|r| {
+                    let subs: Vec<Value> = r
+                        .subresources()
+                        .into_iter()
+                        .map(|(sub, kind, verbs)| {
+                            let (sg, sv) = if sub == "scale" { ("autoscaling", "v1") } else { (r.group, r.version) };
+                            json!({"subresource": sub, "responseKind": {"group": sg, "version": sv, "kind": kind}, "verbs": verbs})
+                        })
+                        .collect();
+                    let mut v = json!({
+                        "resource": r.plural,
+                        "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
+                        "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+                        "singularResource": r.singular,
+                        "verbs": VERBS,
+                        "subresources": subs,
+                    });
+                    if !r.short_names.is_empty() {
+                        v["shortNames"] = json!(r.short_names);
+                    }
+                    if !r.categories.is_empty() {
+                        v["categories"] = json!(r.categories);
+                    }
+                    v
+                })
+                .collect();
+            json!({
+                "metadata": {"name": g, "creationTimestamp": null},
+                "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}],
+            })
+        })
+        .collect();
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
+}
+
+/// Content-Type of an aggregated discovery answer.
+pub const AGGREGATED_CONTENT_TYPE: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents() {
+        let v1 = group_version("", "v1").unwrap();
+        let pods = v1["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods").unwrap();
+        assert_eq!(pods["shortNames"], json!(["po"]));
+        assert_eq!(pods["categories"], json!(["all"]));
+        assert!(group_version("nope", "v1").is_none());
+        assert!(wants_aggregated("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"));
+        assert!(!wants_aggregated("application/json"));
+        assert_eq!(aggregated(false)["items"].as_array().unwrap().len(), resources::groups().len());
+    }
+}

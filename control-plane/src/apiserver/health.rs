@@ -1,0 +1,58 @@
+//! `/healthz`, `/livez`, `/readyz`: `ok`, or with `?verbose` one line per
+//! check (`[+]sqlite ok`), as upstream formats them.
+
+use axum::body::Body;
+use http::Response;
+
+use super::request::Query;
+use super::{text_response, ApiServer};
+
+pub(crate) async fn check(api: &ApiServer, path: &str, query: &Query) -> Response<Body> {
+    let endpoint = path.trim_matches('/').split('/').next().unwrap_or("healthz").to_string();
+    let backend = api.store.backend();
+    let mut checks: Vec<(String, Result<(), String>)> = vec![("ping".into(), Ok(()))];
+    // Liveness must not depend on the datastore (a slow etcd would get a
+    // healthy server restarted); readiness and healthz do.
+    if endpoint != "livez" {
+        let r = tokio::time::timeout(std::time::Duration::from_secs(5), api.store.health()).await;
+        let r = match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        };
+        checks.push((backend.to_string(), r));
+    }
+    if endpoint == "readyz" && *api.shutdown.borrow() {
+        checks.push(("shutdown".into(), Err("the server is shutting down".into())));
+    }
+    // `/readyz/sqlite` checks one thing.
+    if let Some(one) = path.trim_matches('/').split('/').nth(1) {
+        checks.retain(|(n, _)| n == one);
+        if checks.is_empty() {
+            return text_response(404, format!("no such check {one:?}\n"), "text/plain; charset=utf-8");
+        }
+    }
+    let failed = checks.iter().any(|(_, r)| r.is_err());
+    let code = if failed { 500 } else { 200 };
+    if !failed && query.0.get("verbose").is_none() {
+        return text_response(code, "ok".into(), "text/plain; charset=utf-8");
+    }
+    let mut out = String::new();
+    for (name, r) in &checks {
+        match r {
+            Ok(()) => out.push_str(&format!("[+]{name} ok\n")),
+            Err(_) => out.push_str(&format!("[-]{name} failed: reason withheld\n")),
+        }
+    }
+    for (name, r) in &checks {
+        if let Err(e) = r {
+            tracing::warn!(check = %name, error = %e, "{endpoint} check failed");
+        }
+    }
+    if failed {
+        out.push_str(&format!("{endpoint} check failed\n"));
+    } else {
+        out.push_str(&format!("{endpoint} check passed\n"));
+    }
+    text_response(code, out, "text/plain; charset=utf-8")
+}

@@ -1,0 +1,394 @@
+//! The Kubernetes REST API over the store.
+//!
+//! # Layout
+//! - [`request`]: URL -> what is asked (discovery, resource, non-resource)
+//! - [`resources`]: the table of served kinds
+//! - [`handlers`]: get/list/create/update/patch/delete over the store
+//! - [`subresources`]: status, scale, binding, eviction, finalize, streaming stubs
+//! - [`watch`]: watch streams with bookmarks and 410 Gone
+//! - [`patch`], [`defaults`], [`validation`], [`selectors`]: object semantics
+//! - [`table`]: server-side printing; [`discovery`], [`openapi`]: documents
+//! - [`health`]: /healthz, /livez, /readyz; [`bootstrap`]: first-start objects
+
+pub mod bootstrap;
+pub mod defaults;
+pub mod discovery;
+pub mod handlers;
+pub mod health;
+pub mod ipalloc;
+pub mod objects;
+pub mod openapi;
+pub mod patch;
+pub mod request;
+pub mod resources;
+pub mod selectors;
+pub mod status;
+pub mod subresources;
+pub mod table;
+pub mod validation;
+pub mod watch;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures::FutureExt;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+use crate::auth::{self, node, rbac::Rbac, Attributes, Authenticator, Identity};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use request::{Query, Target};
+use resources::ResourceDef;
+use status::{ApiError, ApiResult};
+
+/// Request bodies larger than this get 413 (upstream's limit is 3 MiB too).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// What the API server needs to know beyond the store.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// ClusterIPs come from here.
+    pub service_cidr: ipalloc::Cidr,
+}
+
+/// The API server: shared by every connection.
+pub struct ApiServer {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) authn: Authenticator,
+    pub(crate) rbac: Arc<Rbac>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) ips: ipalloc::Allocator,
+    /// Flips to true on shutdown; watch streams end when it does.
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// A resource request after routing and authentication.
+pub(crate) struct Req {
+    pub def: &'static ResourceDef,
+    pub ns: Option<String>,
+    pub name: Option<String>,
+    pub sub: Option<String>,
+    pub query: Query,
+    pub headers: HeaderMap,
+    pub identity: Identity,
+    pub attrs: Attributes,
+}
+
+impl Req {
+    pub fn key(&self) -> String {
+        self.def.key(self.ns.as_deref(), self.name.as_deref().unwrap_or_default())
+    }
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or_default()
+    }
+    pub fn content_type(&self) -> &str {
+        self.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json")
+    }
+    pub fn accept(&self) -> &str {
+        self.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+    pub fn node(&self) -> Option<&str> {
+        self.identity.node_name()
+    }
+}
+
+impl ApiServer {
+    /// Build the server over `store`; call [`ApiServer::start_background`]
+    /// to load RBAC and bootstrap objects.
+    pub fn new(
+        store: Arc<dyn Store>,
+        cfg: ApiConfig,
+        authn: Authenticator,
+        metrics: Arc<Metrics>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Arc<Self> {
+        Arc::new(ApiServer {
+            store,
+            authn,
+            rbac: Rbac::new(),
+            metrics,
+            ips: ipalloc::Allocator::new(cfg.service_cidr),
+            shutdown,
+        })
+    }
+
+    /// First-start objects, allocator state, and the RBAC watch.
+    ///
+    /// # Errors
+    /// The store cannot be read or written.
+    pub async fn start_background(self: &Arc<Self>) -> ApiResult<()> {
+        bootstrap::run(self).await?;
+        self.rbac.relist(self.store.as_ref()).await?;
+        tokio::spawn(self.rbac.clone().sync(self.store.clone(), self.shutdown.clone()));
+        Ok(())
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Serve one request. `peer` is the identity of a verified client
+    /// certificate, if the connection presented one.
+    pub async fn handle(self: &Arc<Self>, req: Request<Body>, peer: Option<Identity>) -> Response<Body> {
+        let start = Instant::now();
+        let path = req.uri().path().to_string();
+        let query = Query::parse(req.uri().query());
+        let target = request::parse_path(&path);
+        let (verb, resource) = match &target {
+            Target::Resource(p) => (request::verb(req.method(), p, &query).to_uppercase(), p.resource.clone()),
+            _ => (req.method().as_str().to_string(), String::new()),
+        };
+        let fut = self.route(req, target, query, peer);
+        let resp = match AssertUnwindSafe(fut).catch_unwind().await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => error_response(&e),
+            Err(_) => {
+                tracing::error!(path, "request handler panicked");
+                error_response(&ApiError::internal("the server failed while handling this request"))
+            }
+        };
+        self.metrics.observe_request(&verb, &resource, resp.status().as_u16(), start.elapsed());
+        resp
+    }
+
+    async fn route(self: &Arc<Self>, req: Request<Body>, target: Target, query: Query, peer: Option<Identity>) -> ApiResult<Response<Body>> {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path();
+        let identity = peer.or_else(|| {
+            parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|h| h.to_str().ok())
+                .and_then(|h| self.authn.authenticate_bearer(h))
+        });
+        let public = matches!(path, "/healthz" | "/livez" | "/readyz") || path.starts_with("/healthz/") || path.starts_with("/livez/") || path.starts_with("/readyz/");
+        let identity = match identity {
+            Some(id) => id,
+            None if public && parts.method == Method::GET => {
+                return self.non_resource(&parts.method, path, &query, &parts.headers).await;
+            }
+            None => return Err(ApiError::unauthorized()),
+        };
+        match target {
+            Target::Resource(p) => {
+                let verb = request::verb(&parts.method, &p, &query);
+                let attrs = Attributes {
+                    verb: verb.to_string(),
+                    resource_request: true,
+                    group: p.group.clone(),
+                    resource: p.resource.clone(),
+                    subresource: p.subresource.clone().unwrap_or_default(),
+                    namespace: p.namespace.clone().unwrap_or_default(),
+                    name: p.name.clone().unwrap_or_default(),
+                    path: path.to_string(),
+                };
+                self.authorize(&identity, &attrs).await?;
+                let def = resources::lookup(&p.group, &p.version, &p.resource).ok_or_else(|| ApiError::not_found_path(path))?;
+                if def.namespaced != p.namespace.is_some() && !(def.namespaced && p.name.is_none()) {
+                    return Err(ApiError::not_found_path(path));
+                }
+                let body = read_body(&parts.headers, body).await?;
+                let r = Req {
+                    def,
+                    ns: p.namespace,
+                    name: p.name,
+                    sub: p.subresource,
+                    query,
+                    headers: parts.headers,
+                    identity,
+                    attrs,
+                };
+                self.resource(&parts.method, r, body).await
+            }
+            other => {
+                let attrs = Attributes {
+                    verb: parts.method.as_str().to_lowercase(),
+                    path: path.to_string(),
+                    ..Default::default()
+                };
+                self.authorize(&identity, &attrs).await?;
+                match other {
+                    Target::CoreVersions if discovery::wants_aggregated(accept(&parts.headers)) => {
+                        Ok(json_response_ct(200, &discovery::aggregated(true), discovery::AGGREGATED_CONTENT_TYPE))
+                    }
+                    Target::Groups if discovery::wants_aggregated(accept(&parts.headers)) => {
+                        Ok(json_response_ct(200, &discovery::aggregated(false), discovery::AGGREGATED_CONTENT_TYPE))
+                    }
+                    Target::CoreVersions => Ok(json_response(200, &discovery::core_versions())),
+                    Target::Groups => Ok(json_response(200, &discovery::groups())),
+                    Target::Group(g) => discovery::group(&g).map(|v| json_response(200, &v)).ok_or_else(|| ApiError::not_found_path(path)),
+                    Target::GroupVersion { group, version } => discovery::group_version(&group, &version)
+                        .map(|v| json_response(200, &v))
+                        .ok_or_else(|| ApiError::not_found_path(path)),
+                    _ => self.non_resource(&parts.method, path, &query, &parts.headers).await,
+                }
+            }
+        }
+    }
+
+    /// RBAC, with system:masters and the Node authorizer first.
+    async fn authorize(&self, id: &Identity, a: &Attributes) -> ApiResult<()> {
+        if id.in_group("system:masters") {
+            return Ok(());
+        }
+        if let Some(node_name) = id.node_name() {
+            match node::authorize(node_name, a, self.store.as_ref()).await {
+                node::Decision::Allow => return Ok(()),
+                node::Decision::Deny(why) => {
+                    return Err(ApiError::forbidden(format!("{}: {why}", a.forbidden_message(&id.user))));
+                }
+                node::Decision::NoOpinion => {}
+            }
+        }
+        if self.rbac.allows(id, a) {
+            return Ok(());
+        }
+        Err(ApiError::forbidden(a.forbidden_message(&id.user)))
+    }
+
+    async fn non_resource(&self, method: &Method, path: &str, query: &Query, _headers: &HeaderMap) -> ApiResult<Response<Body>> {
+        if method != Method::GET && method != Method::HEAD {
+            return Err(ApiError::method_not_allowed(format!("{method} is not supported on {path}")));
+        }
+        match path.trim_end_matches('/') {
+            "/version" => Ok(json_response(200, &discovery::version())),
+            "/healthz" | "/livez" | "/readyz" => Ok(health::check(self, path, query).await),
+            "/metrics" => Ok(text_response(200, self.metrics.render(), "text/plain; version=0.0.4")),
+            "/openapi/v3" => Ok(json_response(200, &openapi::index())),
+            "/openapi/v2" => Err(ApiError::not_found_path(path)),
+            p if p.starts_with("/openapi/v3/") => {
+                let doc = openapi::document(&p["/openapi/v3/".len()..]).ok_or_else(|| ApiError::not_found_path(path))?;
+                let mut resp = Response::new(Body::from(doc.body.clone()));
+                resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                resp.headers_mut().insert(header::ETAG, HeaderValue::from_str(&format!("\"{}\"", doc.hash)).unwrap_or(HeaderValue::from_static("\"\"")));
+                Ok(resp)
+            }
+            p if p.starts_with("/healthz/") || p.starts_with("/livez/") || p.starts_with("/readyz/") => {
+                Ok(health::check(self, path, query).await)
+            }
+            _ => Err(ApiError::not_found_path(path)),
+        }
+    }
+
+    async fn resource(self: &Arc<Self>, method: &Method, r: Req, body: Bytes) -> ApiResult<Response<Body>> {
+        if let Some(sub) = r.sub.clone() {
+            return subresources::dispatch(self, method, r, &sub, body).await;
+        }
+        match (method.clone(), r.name.is_some()) {
+            (Method::GET, true) => handlers::get(self, &r).await,
+            (Method::GET, false) if r.attrs.verb == "watch" => watch::serve(self, &r).await,
+            (Method::GET, false) => handlers::list(self, &r).await,
+            (Method::POST, false) => handlers::create(self, &r, body).await,
+            (Method::PUT, true) => handlers::update(self, &r, body).await,
+            (Method::PATCH, true) => handlers::patch(self, &r, body).await,
+            (Method::DELETE, true) => handlers::delete(self, &r, body).await,
+            (Method::DELETE, false) => handlers::delete_collection(self, &r, body).await,
+            (m, _) => Err(ApiError::method_not_allowed(format!("{m} is not supported on {}", r.attrs.path))),
+        }
+    }
+}
+
+fn accept(h: &HeaderMap) -> &str {
+    h.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+/// Read the body, refusing more than [`MAX_BODY`] bytes.
+async fn read_body(headers: &HeaderMap, body: Body) -> ApiResult<Bytes> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY) {
+        return Err(ApiError::too_large());
+    }
+    let limited = http_body_util::Limited::new(body, MAX_BODY);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::too_large()),
+        Err(e) => Err(ApiError::bad_request(format!("reading the request body: {e}"))),
+    }
+}
+
+pub(crate) fn json_response(code: u16, v: &Value) -> Response<Body> {
+    json_response_ct(code, v, "application/json")
+}
+
+pub(crate) fn json_response_ct(code: u16, v: &Value, ct: &'static str) -> Response<Body> {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    resp
+}
+
+pub(crate) fn text_response(code: u16, text: String, ct: &'static str) -> Response<Body> {
+    let mut resp = Response::new(Body::from(text));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    resp
+}
+
+pub(crate) fn error_response(e: &ApiError) -> Response<Body> {
+    if e.code >= 500 {
+        tracing::warn!(code = e.code, message = %e.message, "request failed");
+    }
+    json_response(e.code, &e.to_status())
+}
+
+/// Add `Warning` headers (fieldValidation=Warn and deprecations).
+pub(crate) fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for w in warnings {
+        let v = format!("299 - {:?}", w);
+        if let Ok(h) = HeaderValue::from_str(&v) {
+            resp.headers_mut().append(header::WARNING, h);
+        }
+    }
+    resp
+}
+
+/// Decode a JSON or YAML request body into an object.
+///
+/// # Errors
+/// 400 for anything that is not one JSON/YAML object.
+pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty: expected an object"));
+    }
+    let base = content_type.split(';').next().unwrap_or("").trim();
+    let v: Value = if base.ends_with("yaml") {
+        serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+    } else if base.contains("protobuf") || base.contains("cbor") {
+        return Err(ApiError::unsupported_media(base));
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+        })?
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+/// Check or fill `apiVersion`/`kind` of a body for `def`.
+pub(crate) fn check_type_meta(def: &ResourceDef, obj: &mut Value) -> ApiResult<()> {
+    let want_av = def.api_version();
+    let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+    if (!av.is_empty() && av != want_av) || (!kind.is_empty() && kind != def.kind) {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({av}) and kind ({kind}) do not match the resource {} ({want_av}, {})",
+            def.plural, def.kind
+        )));
+    }
+    obj["apiVersion"] = Value::String(want_av);
+    obj["kind"] = Value::String(def.kind.to_string());
+    Ok(())
+}
+
+pub(crate) use auth::node::admit as node_admit;

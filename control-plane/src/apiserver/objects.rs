@@ -1,0 +1,95 @@
+//! Small helpers over objects kept as `serde_json::Value`.
+
+use serde_json::{Map, Value};
+
+/// `metadata`, created when missing.
+pub fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = Value::Object(Map::new());
+    }
+    obj["metadata"].as_object_mut().expect("metadata is an object")
+}
+
+pub fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get(field)?.as_str().filter(|s| !s.is_empty())
+}
+
+pub fn name(obj: &Value) -> Option<&str> {
+    meta_str(obj, "name")
+}
+
+pub fn namespace(obj: &Value) -> Option<&str> {
+    meta_str(obj, "namespace")
+}
+
+/// A string at a dotted path (`spec.nodeName`).
+pub fn str_at<'a>(obj: &'a Value, path: &str) -> Option<&'a str> {
+    value_at(obj, path)?.as_str()
+}
+
+pub fn value_at<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(obj, |v, k| v.get(k))
+}
+
+/// Labels as (key, value) pairs.
+pub fn labels(obj: &Value) -> Vec<(&str, &str)> {
+    obj.get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.as_str(), v.as_str()?))).collect())
+        .unwrap_or_default()
+}
+
+pub fn finalizers(obj: &Value) -> Vec<String> {
+    obj.get("metadata")
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+pub fn has_deletion_timestamp(obj: &Value) -> bool {
+    meta_str(obj, "deletionTimestamp").is_some()
+}
+
+/// RFC 3339 UTC time with seconds, as Kubernetes writes `metav1.Time`.
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Time in `metav1.MicroTime` form (leases, events.k8s.io).
+pub fn now_micro() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+pub fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&chrono::Utc))
+}
+
+/// Random suffix for `generateName`, from upstream's alphabet (no vowels, so
+/// no words, and no look-alike characters).
+pub fn random_suffix(n: usize) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..n).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+}
+
+/// Parse stored bytes and stamp `resourceVersion` from the store revision
+/// (upstream never stores it in the value either).
+pub fn decode_stored(value: &[u8], revision: i64) -> Option<Value> {
+    let mut v: Value = serde_json::from_slice(value).ok()?;
+    if v.is_object() {
+        meta_mut(&mut v).insert("resourceVersion".into(), Value::String(revision.to_string()));
+    }
+    Some(v)
+}
+
+/// Bytes to store: the object without `resourceVersion`.
+pub fn encode_for_store(obj: &Value) -> Vec<u8> {
+    let mut v = obj.clone();
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}

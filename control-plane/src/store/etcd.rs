@@ -1,0 +1,381 @@
+//! etcd v3 backend: keys and revisions map one to one onto etcd's, writes
+//! are single transactions that compare revisions, watches are etcd watches.
+
+use std::path::Path;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, CompactionOptions, ConnectOptions, GetOptions, PutOptions, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::io::AsyncWriteExt;
+
+use super::{Error, Event, KeyValue, ListResult, Result, SnapshotInfo, Store, WatchStream};
+
+const BACKEND: &str = "etcd";
+
+/// The etcd store. Cheap to clone (one multiplexed gRPC channel).
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    endpoints: Vec<String>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").field("endpoints", &self.endpoints).finish()
+    }
+}
+
+fn etcd_err(context: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> Error {
+    let context = context.into();
+    move |e| Error::backend_source(BACKEND, format!("{context}: {e}"), e)
+}
+
+fn kv_of(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+    }
+}
+
+fn header_rev(h: Option<&etcd_client::ResponseHeader>) -> i64 {
+    h.map_or(0, |h| h.revision())
+}
+
+/// etcd reports these as gRPC status messages.
+fn is_compacted(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("required revision has been compacted")
+}
+
+fn is_future(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("required revision is a future revision")
+}
+
+/// The range end covering every key that starts with `prefix` (etcd's
+/// convention: `\0` means "to the end").
+fn range_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl EtcdStore {
+    /// Connect to an etcd cluster (`http://host:port` endpoints; the client
+    /// balances between them and fails over when one goes away).
+    ///
+    /// # Errors
+    /// `Backend` when no endpoint can be reached.
+    pub async fn connect(endpoints: &[String]) -> Result<EtcdStore> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(15))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let client = Client::connect(endpoints, Some(opts))
+            .await
+            .map_err(etcd_err(format!("connect to {}", endpoints.join(","))))?;
+        Ok(EtcdStore { client, endpoints: endpoints.to_vec() })
+    }
+
+    /// The latest revision and the current value (if any) of `key`.
+    async fn current(&self, key: &str) -> Result<(i64, Option<KeyValue>)> {
+        let mut c = self.client.clone();
+        let resp = c.get(key, None).await.map_err(etcd_err(format!("get {key}")))?;
+        Ok((header_rev(resp.header()), resp.kvs().first().map(kv_of)))
+    }
+
+    /// Run a compare-and-put/delete transaction whose else branch reads the
+    /// key back; returns the response or the key's current state.
+    async fn txn(&self, key: &str, what: &str, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        let mut c = self.client.clone();
+        c.txn(txn).await.map_err(etcd_err(format!("{what} {key}")))
+    }
+}
+
+/// The key as read by the else branch of a failed transaction.
+fn else_kv(resp: &etcd_client::TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => g.kvs().first().map(kv_of),
+        _ => None,
+    })
+}
+
+fn put_prev(resp: &etcd_client::TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Put(p) => p.prev_key().map(kv_of),
+        _ => None,
+    })
+}
+
+#[async_trait::async_trait]
+impl Store for EtcdStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn current_revision(&self) -> Result<i64> {
+        let mut c = self.client.clone();
+        // A count-only read of one key: cheap, and linearizable.
+        let resp = c
+            .get("/", Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(etcd_err("read current revision"))?;
+        Ok(header_rev(resp.header()))
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        Ok(self.current(key).await?.1)
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+        revision: Option<i64>,
+    ) -> Result<ListResult> {
+        // Strictly after `start_after`: the smallest key above it is it + "\0".
+        let start = match start_after {
+            Some(a) if a >= prefix => {
+                let mut k = a.as_bytes().to_vec();
+                k.push(0);
+                k
+            }
+            // etcd rejects an empty key: "\0" is the smallest one.
+            _ if prefix.is_empty() => vec![0],
+            _ => prefix.as_bytes().to_vec(),
+        };
+        let mut opts = GetOptions::new().with_range(range_end(prefix));
+        if limit > 0 {
+            opts = opts.with_limit(limit as i64);
+        }
+        let rev = revision.filter(|r| *r > 0);
+        if let Some(r) = rev {
+            opts = opts.with_revision(r);
+        }
+        let mut c = self.client.clone();
+        match c.get(start, Some(opts)).await {
+            Ok(resp) => Ok(ListResult {
+                kvs: resp.kvs().iter().map(kv_of).collect(),
+                // The header carries the newest revision, not the one read.
+                revision: rev.unwrap_or_else(|| header_rev(resp.header())),
+                more: resp.more(),
+            }),
+            Err(e) if is_compacted(&e) => {
+                // etcd does not say how far it compacted.
+                Err(Error::Compacted { requested: rev.unwrap_or_default(), compacted: 0 })
+            }
+            Err(e) if is_future(&e) => Err(Error::FutureRevision {
+                requested: rev.unwrap_or_default(),
+                current: self.current_revision().await?,
+            }),
+            Err(e) => Err(etcd_err(format!("list {prefix}"))(e)),
+        }
+    }
+
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, value.clone(), None)]);
+        let resp = self.txn(key, "create", txn).await?;
+        if !resp.succeeded() {
+            return Err(Error::AlreadyExists { key: key.to_string() });
+        }
+        let rev = header_rev(resp.header());
+        Ok(KeyValue { key: key.to_string(), value, create_revision: rev, mod_revision: rev })
+    }
+
+    async fn update(&self, key: &str, value: Vec<u8>, expected_revision: i64) -> Result<KeyValue> {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Greater, 0),
+                Compare::mod_revision(key, CompareOp::Equal, expected_revision),
+            ])
+            .and_then([TxnOp::put(key, value.clone(), Some(PutOptions::new().with_prev_key()))])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.txn(key, "update", txn).await?;
+        if !resp.succeeded() {
+            return Err(match else_kv(&resp) {
+                None => Error::NotFound { key: key.to_string() },
+                Some(kv) => Error::Conflict {
+                    key: key.to_string(),
+                    expected: expected_revision,
+                    actual: kv.mod_revision,
+                },
+            });
+        }
+        let rev = header_rev(resp.header());
+        let create_revision = put_prev(&resp).map_or(rev, |p| p.create_revision);
+        Ok(KeyValue { key: key.to_string(), value, create_revision, mod_revision: rev })
+    }
+
+    async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {
+        let mut when = vec![Compare::create_revision(key, CompareOp::Greater, 0)];
+        if let Some(e) = expected_revision {
+            when.push(Compare::mod_revision(key, CompareOp::Equal, e));
+        }
+        let txn = Txn::new()
+            .when(when)
+            .and_then([TxnOp::delete(key, Some(etcd_client::DeleteOptions::new().with_prev_key()))])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.txn(key, "delete", txn).await?;
+        if !resp.succeeded() {
+            return Err(match else_kv(&resp) {
+                None => Error::NotFound { key: key.to_string() },
+                Some(kv) => Error::Conflict {
+                    key: key.to_string(),
+                    expected: expected_revision.unwrap_or_default(),
+                    actual: kv.mod_revision,
+                },
+            });
+        }
+        let rev = header_rev(resp.header());
+        let prev = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Delete(d) => d.prev_kvs().first().map(kv_of),
+            _ => None,
+        });
+        let prev = prev.ok_or_else(|| {
+            Error::backend(BACKEND, format!("delete {key}: etcd returned no previous value"))
+        })?;
+        Ok((prev, rev))
+    }
+
+    async fn watch(&self, prefix: &str, after_revision: i64) -> Result<WatchStream> {
+        let start = after_revision.max(0) + 1;
+        // etcd answers a compacted start revision only inside the stream;
+        // a read at that revision tells up front (a future one is fine).
+        let mut c = self.client.clone();
+        let probe = GetOptions::new().with_count_only().with_revision(start);
+        match c.get("/", Some(probe)).await {
+            Err(e) if is_compacted(&e) => {
+                return Err(Error::Compacted { requested: after_revision, compacted: 0 })
+            }
+            Err(e) if is_future(&e) => {}
+            Err(e) => return Err(etcd_err(format!("watch {prefix}"))(e)),
+            Ok(_) => {}
+        }
+        let mut opts = WatchOptions::new().with_start_revision(start).with_prev_key();
+        opts = if prefix.is_empty() { opts.with_all_keys() } else { opts.with_prefix() };
+        let stream =
+            c.watch(prefix, Some(opts)).await.map_err(etcd_err(format!("watch {prefix}")))?;
+        let prefix = prefix.to_string();
+        let state = (stream, std::collections::VecDeque::<Result<Event>>::new(), false);
+        Ok(Box::pin(futures::stream::unfold(state, move |(mut stream, mut pending, mut done)| {
+            let prefix = prefix.clone();
+            async move {
+                loop {
+                    if let Some(item) = pending.pop_front() {
+                        return Some((item, (stream, pending, done)));
+                    }
+                    if done {
+                        return None;
+                    }
+                    match stream.message().await {
+                        Ok(Some(resp)) => {
+                            if resp.compact_revision() > 0 {
+                                pending.push_back(Err(Error::Compacted {
+                                    requested: start - 1,
+                                    compacted: resp.compact_revision(),
+                                }));
+                                done = true;
+                                continue;
+                            }
+                            if resp.canceled() {
+                                pending.push_back(Err(Error::backend(
+                                    BACKEND,
+                                    format!("watch {prefix} canceled: {}", resp.cancel_reason()),
+                                )));
+                                done = true;
+                                continue;
+                            }
+                            for ev in resp.events() {
+                                pending.push_back(map_event(ev, &prefix));
+                            }
+                        }
+                        Ok(None) => return None,
+                        Err(e) => {
+                            pending.push_back(Err(etcd_err(format!("watch {prefix}"))(e)));
+                            done = true;
+                        }
+                    }
+                }
+            }
+        })))
+    }
+
+    async fn compact(&self, revision: i64) -> Result<()> {
+        let mut c = self.client.clone();
+        match c.compact(revision, Some(CompactionOptions::new().with_physical())).await {
+            Ok(_) => Ok(()),
+            // Compacting to an older point than the current one is a no-op.
+            Err(e) if is_compacted(&e) => Ok(()),
+            Err(e) if is_future(&e) => Err(Error::FutureRevision {
+                requested: revision,
+                current: self.current_revision().await?,
+            }),
+            Err(e) => Err(etcd_err(format!("compact to revision {revision}"))(e)),
+        }
+    }
+
+    async fn health(&self) -> Result<()> {
+        // A linearizable read needs a leader and a quorum: what "ready" means.
+        self.current_revision().await.map(|_| ())
+    }
+
+    async fn snapshot_save(&self, path: &Path) -> Result<SnapshotInfo> {
+        let what = format!("save etcd snapshot to {}", path.display());
+        let tmp = super::snapshot::temp_path(path);
+        let io = |e: std::io::Error| Error::backend_source(BACKEND, format!("{what}: {e}"), e);
+        let mut file = tokio::fs::File::create(&tmp).await.map_err(io)?;
+        let mut c = self.client.clone();
+        let mut stream = c.snapshot().await.map_err(etcd_err(what.clone()))?;
+        while let Some(chunk) = stream.message().await.map_err(etcd_err(what.clone()))? {
+            file.write_all(chunk.blob()).await.map_err(io)?;
+        }
+        file.flush().await.map_err(io)?;
+        drop(file);
+        let (t, p) = (tmp.clone(), path.to_path_buf());
+        tokio::task::spawn_blocking(move || super::snapshot::persist(&t, &p))
+            .await
+            .map_err(|e| Error::backend(BACKEND, format!("{what}: task failed: {e}")))??;
+        super::snapshot::snapshot_status(path).await
+    }
+}
+
+fn map_event(ev: &etcd_client::Event, prefix: &str) -> Result<Event> {
+    let kv = ev.kv().map(kv_of).ok_or_else(|| {
+        Error::backend(BACKEND, format!("watch {prefix}: event without a key-value"))
+    })?;
+    let prev = ev.prev_kv().map(kv_of);
+    Ok(match ev.event_type() {
+        etcd_client::EventType::Put => {
+            // A create has no previous value (etcd may still send the
+            // tombstoned one's absence as None).
+            let prev = if kv.create_revision == kv.mod_revision { None } else { prev };
+            Event::Put { kv, prev }
+        }
+        etcd_client::EventType::Delete => {
+            let revision = kv.mod_revision;
+            let prev = prev.unwrap_or(KeyValue { key: kv.key, value: Vec::new(), create_revision: 0, mod_revision: 0 });
+            Event::Delete { prev, revision }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::range_end;
+
+    #[test]
+    fn range_end_of_prefix() {
+        assert_eq!(range_end("/registry/pods/"), b"/registry/pods0".to_vec());
+        assert_eq!(range_end(""), vec![0]);
+    }
+}
