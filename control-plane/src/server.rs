@@ -90,6 +90,22 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, Error> {
     }
 }
 
+/// The address other hosts reach this server on: the bind address, or the
+/// host's first non-loopback IPv4 when bound to all addresses.
+fn advertise_ip(cfg: &Config) -> std::net::IpAddr {
+    if !cfg.bind_address.is_unspecified() {
+        return cfg.bind_address;
+    }
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .ok()
+        .and_then(|s| {
+            // connect() on UDP sends nothing; it only picks the route's source.
+            s.connect("198.18.0.1:9").ok()?;
+            s.local_addr().ok().map(|a| a.ip())
+        })
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }
@@ -125,7 +141,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     let metrics = Arc::new(Metrics::default());
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let api = ApiServer::new(store, ApiConfig { service_cidr: cfg.service_cidr }, authn, metrics, shutdown_rx.clone());
+    let api = ApiServer::new(store, ApiConfig { service_cidr: cfg.service_cidr, advertise: Some((advertise_ip(cfg), addr.port())) }, authn, metrics, shutdown_rx.clone());
     api.start_background().await?;
 
     tracing::info!(

@@ -32,10 +32,10 @@ const MAX_MESSAGE_SIZE: usize = 16 << 20;
 /// # Errors
 ///
 /// Every call returns [`Error::Status`] when the runtime answers with an
-/// error or cannot be reached (code `Unavailable`), and [`Error::Timeout`]
-/// when its deadline passes: [`CriClient::default_timeout`] for most RPCs,
-/// [`CriClient::pull_timeout`] for PullImage, and the request's own timeout
-/// plus the default for ExecSync.
+/// error or cannot be reached (see [`Error::is_unavailable`]), and
+/// [`Error::Timeout`] when its deadline passes: [`CriClient::default_timeout`]
+/// for most RPCs, [`CriClient::pull_timeout`] for PullImage, and the
+/// request's own timeout plus the default for ExecSync and StopContainer.
 #[derive(Debug, Clone)]
 pub struct CriClient {
     socket: Arc<Path>,
@@ -53,9 +53,17 @@ impl CriClient {
     /// # Errors
     ///
     /// [`Error::InvalidEndpoint`] for any other scheme or an empty path.
-    pub fn connect_lazy(socket: impl Into<PathBuf>, default_timeout: Duration) -> Result<CriClient> {
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime: the channel spawns its connection task here.
+    pub fn connect_lazy(
+        socket: impl Into<PathBuf>,
+        default_timeout: Duration,
+    ) -> Result<CriClient> {
         let socket: Arc<Path> = socket_path(socket.into())?.into();
-        let channel = endpoint(default_timeout).connect_with_connector_lazy(connector(socket.clone()));
+        let channel =
+            endpoint(default_timeout).connect_with_connector_lazy(connector(socket.clone()));
         Ok(CriClient::new(socket, channel, default_timeout))
     }
 
@@ -65,12 +73,18 @@ impl CriClient {
     ///
     /// [`Error::InvalidEndpoint`] as for `connect_lazy`; [`Error::Connect`]
     /// when the socket cannot be reached.
-    pub async fn connect(socket: impl Into<PathBuf>, default_timeout: Duration) -> Result<CriClient> {
+    pub async fn connect(
+        socket: impl Into<PathBuf>,
+        default_timeout: Duration,
+    ) -> Result<CriClient> {
         let socket: Arc<Path> = socket_path(socket.into())?.into();
         let channel = endpoint(default_timeout)
             .connect_with_connector(connector(socket.clone()))
             .await
-            .map_err(|source| Error::Connect { socket: socket.to_path_buf(), source })?;
+            .map_err(|source| Error::Connect {
+                socket: socket.to_path_buf(),
+                source,
+            })?;
         Ok(CriClient::new(socket, channel, default_timeout))
     }
 
@@ -151,12 +165,27 @@ impl CriClient {
         }
     }
 
+    /// The default deadline plus a request's own timeout in seconds (<= 0
+    /// adds nothing).
+    fn default_plus_secs(&self, secs: i64) -> Duration {
+        let own = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+        self.default_timeout.saturating_add(own)
+    }
+
     fn timeout_error(&self, method: &'static str, after: Duration) -> Error {
-        Error::Timeout { method, socket: self.socket.to_path_buf(), after }
+        Error::Timeout {
+            method,
+            socket: self.socket.to_path_buf(),
+            after,
+        }
     }
 
     fn status_error(&self, method: &'static str, status: Status) -> Error {
-        Error::Status { method, socket: self.socket.to_path_buf(), status }
+        Error::Status {
+            method,
+            socket: self.socket.to_path_buf(),
+            status,
+        }
     }
 }
 
@@ -184,7 +213,8 @@ macro_rules! unary_rpcs {
 unary_rpcs! {"RuntimeService", runtime:
     "Version" => fn version(VersionRequest) -> VersionResponse;
     "RunPodSandbox" => fn run_pod_sandbox(RunPodSandboxRequest) -> RunPodSandboxResponse;
-    /// Idempotent: succeeds when the sandbox is already stopped or gone.
+    /// Idempotent for stopped sandboxes, but containerd 1.6 answers
+    /// `NotFound` for unknown ids.
     "StopPodSandbox" => fn stop_pod_sandbox(StopPodSandboxRequest) -> StopPodSandboxResponse;
     /// Idempotent: succeeds when the sandbox is already removed.
     "RemovePodSandbox" => fn remove_pod_sandbox(RemovePodSandboxRequest) -> RemovePodSandboxResponse;
@@ -193,9 +223,6 @@ unary_rpcs! {"RuntimeService", runtime:
     "ListPodSandbox" => fn list_pod_sandbox(ListPodSandboxRequest) -> ListPodSandboxResponse;
     "CreateContainer" => fn create_container(CreateContainerRequest) -> CreateContainerResponse;
     "StartContainer" => fn start_container(StartContainerRequest) -> StartContainerResponse;
-    /// The runtime kills the container after `req.timeout` seconds, so keep
-    /// the default deadline above the grace period or use [`CriClient::runtime`].
-    "StopContainer" => fn stop_container(StopContainerRequest) -> StopContainerResponse;
     /// Idempotent: succeeds when the container is already removed.
     "RemoveContainer" => fn remove_container(RemoveContainerRequest) -> RemoveContainerResponse;
     "ListContainers" => fn list_containers(ListContainersRequest) -> ListContainersResponse;
@@ -237,8 +264,10 @@ impl CriClient {
     /// See [`CriClient`](CriClient#errors).
     pub async fn pull_image(&self, req: v1::PullImageRequest) -> Result<v1::PullImageResponse> {
         let mut client = self.image.clone();
-        self.unary("PullImage", self.pull_timeout, req, move |r| async move { client.pull_image(r).await })
-            .await
+        self.unary("PullImage", self.pull_timeout, req, move |r| async move {
+            client.pull_image(r).await
+        })
+        .await
     }
 
     /// `RuntimeService/ExecSync`. The deadline is the request's own `timeout`
@@ -249,10 +278,34 @@ impl CriClient {
     ///
     /// See [`CriClient`](CriClient#errors).
     pub async fn exec_sync(&self, req: v1::ExecSyncRequest) -> Result<v1::ExecSyncResponse> {
-        let own = Duration::from_secs(u64::try_from(req.timeout).unwrap_or(0));
-        let after = own.saturating_add(self.default_timeout);
+        let after = self.default_plus_secs(req.timeout);
         let mut client = self.runtime.clone();
-        self.unary("ExecSync", after, req, move |r| async move { client.exec_sync(r).await }).await
+        self.unary("ExecSync", after, req, move |r| async move {
+            client.exec_sync(r).await
+        })
+        .await
+    }
+
+    /// `RuntimeService/StopContainer`. The runtime kills the container after
+    /// the request's `timeout` (grace period, seconds), so the deadline is
+    /// that plus the default deadline, as in the kubelet.
+    ///
+    /// Idempotent for stopped containers, but containerd 1.6 answers
+    /// `NotFound` for unknown ids.
+    ///
+    /// # Errors
+    ///
+    /// See [`CriClient`](CriClient#errors).
+    pub async fn stop_container(
+        &self,
+        req: v1::StopContainerRequest,
+    ) -> Result<v1::StopContainerResponse> {
+        let after = self.default_plus_secs(req.timeout);
+        let mut client = self.runtime.clone();
+        self.unary("StopContainer", after, req, move |r| async move {
+            client.stop_container(r).await
+        })
+        .await
     }
 
     /// `RuntimeService/GetContainerEvents`: the runtime's container lifecycle
@@ -278,9 +331,12 @@ impl CriClient {
     ) -> Result<Streaming<v1::ContainerEventResponse>> {
         const METHOD: &str = "GetContainerEvents";
         let mut probe = self.runtime.clone();
-        self.unary(METHOD, self.default_timeout, v1::VersionRequest::default(), move |r| async move {
-            probe.version(r).await
-        })
+        self.unary(
+            METHOD,
+            self.default_timeout,
+            v1::VersionRequest::default(),
+            move |r| async move { probe.version(r).await },
+        )
         .await?;
         let mut client = self.runtime.clone();
         client
@@ -303,7 +359,9 @@ fn socket_path(endpoint: PathBuf) -> Result<PathBuf> {
         Some(_) => "",
     };
     if path.is_empty() {
-        return Err(Error::InvalidEndpoint { endpoint: text.to_owned() });
+        return Err(Error::InvalidEndpoint {
+            endpoint: text.to_owned(),
+        });
     }
     Ok(PathBuf::from(path))
 }
@@ -336,22 +394,37 @@ mod tests {
     #[test]
     fn socket_paths() {
         let ok = |s: &str| socket_path(s.into()).unwrap();
-        assert_eq!(ok("unix:///run/containerd/containerd.sock"), Path::new("/run/containerd/containerd.sock"));
-        assert_eq!(ok("/run/containerd/containerd.sock"), Path::new("/run/containerd/containerd.sock"));
+        assert_eq!(
+            ok("unix:///run/containerd/containerd.sock"),
+            Path::new("/run/containerd/containerd.sock")
+        );
+        assert_eq!(
+            ok("/run/containerd/containerd.sock"),
+            Path::new("/run/containerd/containerd.sock")
+        );
         assert_eq!(ok("c.sock"), Path::new("c.sock"));
-        for bad in ["", "unix://", "unix://relative.sock", "tcp://127.0.0.1:1234", "npipe:////./pipe/x"] {
+        for bad in [
+            "",
+            "unix://",
+            "unix://relative.sock",
+            "tcp://127.0.0.1:1234",
+            "npipe:////./pipe/x",
+        ] {
             let err = socket_path(bad.into()).unwrap_err();
             assert!(matches!(err, Error::InvalidEndpoint { .. }), "{bad}: {err}");
         }
     }
 
-    #[test]
-    fn futures_are_send() {
+    #[tokio::test]
+    async fn futures_are_send() {
         fn send<T: Send>(_: T) {}
         let client = CriClient::connect_lazy("/nonexistent.sock", Duration::from_secs(1)).unwrap();
         send(client.version(Default::default()));
         send(client.exec_sync(Default::default()));
         send(client.get_container_events(Default::default()));
-        send(CriClient::connect("/nonexistent.sock", Duration::from_secs(1)));
+        send(CriClient::connect(
+            "/nonexistent.sock",
+            Duration::from_secs(1),
+        ));
     }
 }

@@ -41,7 +41,7 @@ pub enum Error {
     },
 
     /// The runtime answered with a gRPC error, or the connection failed
-    /// (then the code is `Unavailable`).
+    /// (see [`Error::is_unavailable`]).
     #[error("cri {method} on {} failed: {:?}: {}", socket.display(), status.code(), status.message())]
     Status {
         /// RPC name, e.g. `"RunPodSandbox"`.
@@ -81,8 +81,19 @@ impl Error {
 
     /// The runtime is down or not answering: `Unavailable`, connection
     /// failures and timeouts. Worth retrying later.
+    ///
+    /// Includes the first call after the runtime dropped the connection
+    /// (e.g. a containerd restart): tonic reports that as `Unknown:
+    /// transport error`; the next call reconnects.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Error::Connect { .. } | Error::Timeout { .. })
-            || self.code() == Some(Code::Unavailable)
+        match self {
+            Error::Connect { .. } | Error::Timeout { .. } => true,
+            Error::Status { status, .. } => {
+                status.code() == Code::Unavailable
+                    || std::error::Error::source(status)
+                        .is_some_and(|s| s.is::<tonic::transport::Error>())
+            }
+            Error::InvalidEndpoint { .. } => false,
+        }
     }
 }

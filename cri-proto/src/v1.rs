@@ -49,11 +49,20 @@ mod tests {
     #[test]
     fn container_config_round_trips() {
         let config = ContainerConfig {
-            metadata: Some(ContainerMetadata { name: "app".into(), attempt: 2 }),
-            image: Some(ImageSpec { image: "docker.io/library/busybox:1.36".into(), ..Default::default() }),
+            metadata: Some(ContainerMetadata {
+                name: "app".into(),
+                attempt: 2,
+            }),
+            image: Some(ImageSpec {
+                image: "docker.io/library/busybox:1.36".into(),
+                ..Default::default()
+            }),
             command: vec!["sh".into(), "-c".into()],
             args: vec!["sleep 1".into()],
-            envs: vec![KeyValue { key: "A".into(), value: "b".into() }],
+            envs: vec![KeyValue {
+                key: "A".into(),
+                value: "b".into(),
+            }],
             mounts: vec![Mount {
                 container_path: "/data".into(),
                 host_path: "/var/lib/skiff/pods/x/volumes/data".into(),
@@ -68,7 +77,10 @@ mod tests {
                     ..Default::default()
                 }),
                 security_context: Some(LinuxContainerSecurityContext {
-                    capabilities: Some(Capability { drop_capabilities: vec!["ALL".into()], ..Default::default() }),
+                    capabilities: Some(Capability {
+                        drop_capabilities: vec!["ALL".into()],
+                        ..Default::default()
+                    }),
                     run_as_user: Some(Int64Value { value: 1000 }),
                     namespace_options: Some(NamespaceOption {
                         pid: NamespaceMode::Container as i32,
@@ -87,10 +99,18 @@ mod tests {
     #[test]
     fn field_numbers_match_upstream_on_the_wire() {
         // PortMapping{container_port = 2: 80}: tag (2 << 3 | varint) = 0x10.
-        let bytes = PortMapping { container_port: 80, ..Default::default() }.encode_to_vec();
+        let bytes = PortMapping {
+            container_port: 80,
+            ..Default::default()
+        }
+        .encode_to_vec();
         assert_eq!(bytes, [0x10, 80]);
         // ImageSpec.image_ref is field 20: tag (20 << 3 | len) = 0xa2 0x01.
-        let bytes = ImageSpec { image_ref: "x".into(), ..Default::default() }.encode_to_vec();
+        let bytes = ImageSpec {
+            image_ref: "x".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
         assert_eq!(bytes, [0xa2, 0x01, 1, b'x']);
     }
 
@@ -98,8 +118,12 @@ mod tests {
     fn unknown_fields_are_ignored_on_decode() {
         // A newer runtime's ContainerStatus: known fields plus an unknown
         // varint field 99 and an unknown length-delimited field 100.
-        let mut bytes = ContainerStatus { exit_code: 137, reason: "OOMKilled".into(), ..Default::default() }
-            .encode_to_vec();
+        let mut bytes = ContainerStatus {
+            exit_code: 137,
+            reason: "OOMKilled".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
         bytes.extend_from_slice(&[0x98, 0x06, 0x2a]); // field 99, varint 42
         bytes.extend_from_slice(&[0xa2, 0x06, 0x03, b'a', b'b', b'c']); // field 100, "abc"
         let status = ContainerStatus::decode(bytes.as_slice()).unwrap();
@@ -124,8 +148,17 @@ mod tests {
             registry_token: "tok".into(),
             ..Default::default()
         };
-        let printed = format!("{:?}", PullImageRequest { auth: Some(auth), ..Default::default() });
+        let printed = format!(
+            "{:?}",
+            PullImageRequest {
+                auth: Some(auth),
+                ..Default::default()
+            }
+        );
         assert!(printed.contains("\"me\""), "{printed}");
-        assert!(!printed.contains("hunter2") && !printed.contains("tok\""), "{printed}");
+        assert!(
+            !printed.contains("hunter2") && !printed.contains("tok\""),
+            "{printed}"
+        );
     }
 }

@@ -54,8 +54,12 @@ pub const NETNS_DIR: &str = "/var/run/netns";
 const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
 /// portmap's chains shared by every CNI network on the host: never deleted,
 /// only the rules in them that mention us.
-const SHARED_CHAINS: &[&str] =
-    &["CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SNAT", "CNI-HOSTPORT-MASQ", "CNI-HOSTPORT-SETMARK"];
+const SHARED_CHAINS: &[&str] = &[
+    "CNI-HOSTPORT-DNAT",
+    "CNI-HOSTPORT-SNAT",
+    "CNI-HOSTPORT-MASQ",
+    "CNI-HOSTPORT-SETMARK",
+];
 
 /// What a run created, written to `<dir>/run.json` so that a later process
 /// can tear a dead run down.
@@ -87,7 +91,11 @@ impl RunRecord {
 
     /// Strings whose presence in a firewall rule means the rule is ours.
     pub fn firewall_markers(&self) -> Vec<String> {
-        vec![format!("198.18.{}.", self.subnet_index), self.bridge.clone(), format!("\"{}\"", self.network)]
+        vec![
+            format!("198.18.{}.", self.subnet_index),
+            self.bridge.clone(),
+            self.network.clone(),
+        ]
     }
 
     /// Reads `<dir>/run.json`.
@@ -158,7 +166,10 @@ impl RunLock {
 pub async fn cri_teardown(client: &CriClient) -> (Vec<PathBuf>, Vec<anyhow::Error>) {
     let mut errors = Vec::new();
     let mut netns = Vec::new();
-    let sandboxes = match client.list_pod_sandbox(v1::ListPodSandboxRequest::default()).await {
+    let sandboxes = match client
+        .list_pod_sandbox(v1::ListPodSandboxRequest::default())
+        .await
+    {
         Ok(r) => r.items,
         Err(e) => {
             errors.push(anyhow!("CRI ListPodSandbox: {e}"));
@@ -167,30 +178,49 @@ pub async fn cri_teardown(client: &CriClient) -> (Vec<PathBuf>, Vec<anyhow::Erro
     };
     for sb in &sandboxes {
         let status = client
-            .pod_sandbox_status(v1::PodSandboxStatusRequest { pod_sandbox_id: sb.id.clone(), verbose: true })
+            .pod_sandbox_status(v1::PodSandboxStatusRequest {
+                pod_sandbox_id: sb.id.clone(),
+                verbose: true,
+            })
             .await;
         if let Ok(status) = status {
-            if let Some(path) = status.info.get("info").and_then(|i| netns_from_verbose_info(i)) {
+            if let Some(path) = status
+                .info
+                .get("info")
+                .and_then(|i| netns_from_verbose_info(i))
+            {
                 netns.push(path);
             }
         }
         // StopPodSandbox kills the containers (timeout 0: SIGKILL), runs CNI
         // DEL and removes the netns; RemovePodSandbox removes the containers.
-        let stop = client.stop_pod_sandbox(v1::StopPodSandboxRequest { pod_sandbox_id: sb.id.clone() });
+        let stop = client.stop_pod_sandbox(v1::StopPodSandboxRequest {
+            pod_sandbox_id: sb.id.clone(),
+        });
         if let Err(e) = stop.await {
             errors.push(anyhow!("CRI StopPodSandbox {}: {e}", sb.id));
         }
-        let remove = client.remove_pod_sandbox(v1::RemovePodSandboxRequest { pod_sandbox_id: sb.id.clone() });
+        let remove = client.remove_pod_sandbox(v1::RemovePodSandboxRequest {
+            pod_sandbox_id: sb.id.clone(),
+        });
         if let Err(e) = remove.await {
             errors.push(anyhow!("CRI RemovePodSandbox {}: {e}", sb.id));
         }
     }
-    match client.list_containers(v1::ListContainersRequest::default()).await {
+    match client
+        .list_containers(v1::ListContainersRequest::default())
+        .await
+    {
         Ok(r) => {
             for c in r.containers {
-                let stop = client.stop_container(v1::StopContainerRequest { container_id: c.id.clone(), timeout: 0 });
+                let stop = client.stop_container(v1::StopContainerRequest {
+                    container_id: c.id.clone(),
+                    timeout: 0,
+                });
                 let _ = stop.await;
-                let remove = client.remove_container(v1::RemoveContainerRequest { container_id: c.id.clone() });
+                let remove = client.remove_container(v1::RemoveContainerRequest {
+                    container_id: c.id.clone(),
+                });
                 if let Err(e) = remove.await {
                     errors.push(anyhow!("CRI RemoveContainer {}: {e}", c.id));
                 }
@@ -217,33 +247,66 @@ pub fn netns_from_verbose_info(info: &str) -> Option<PathBuf> {
 /// [`cri_teardown`] from synchronous code (Drop): runs on a fresh thread with
 /// its own current-thread runtime, because the caller may be inside another
 /// runtime, where blocking on a future panics.
+///
+/// Does nothing when no containerd serves `socket` any more (its process,
+/// found by the `config.toml` next to the socket, is gone).
 pub fn cri_teardown_blocking(socket: &Path) -> (Vec<PathBuf>, Vec<anyhow::Error>) {
-    if !socket.exists() {
+    let config = socket.with_file_name("config.toml");
+    let serving = processes_mentioning(&config.to_string_lossy())
+        .into_iter()
+        .any(is_alive);
+    if !socket.exists() || !serving {
         return (Vec::new(), Vec::new());
     }
     let socket = socket.to_path_buf();
-    let worker = std::thread::Builder::new().name("skiff-cri-teardown".into()).spawn(move || {
-        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt,
-            Err(e) => return (Vec::new(), vec![anyhow!("building a runtime for CRI teardown: {e}")]),
-        };
-        rt.block_on(async {
-            let connect = CriClient::connect(&socket, Duration::from_secs(10));
-            match tokio::time::timeout(Duration::from_secs(5), connect).await {
-                Ok(Ok(client)) => {
-                    match tokio::time::timeout(Duration::from_secs(60), cri_teardown(&client)).await {
-                        Ok(r) => r,
-                        Err(_) => (Vec::new(), vec![anyhow!("CRI teardown timed out after 60 s")]),
-                    }
+    let worker = std::thread::Builder::new()
+        .name("skiff-cri-teardown".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    return (
+                        Vec::new(),
+                        vec![anyhow!("building a runtime for CRI teardown: {e}")],
+                    )
                 }
-                Ok(Err(e)) => (Vec::new(), vec![anyhow!("connecting to CRI for teardown: {e}")]),
-                Err(_) => (Vec::new(), vec![anyhow!("connecting to CRI for teardown timed out")]),
-            }
-        })
-    });
+            };
+            rt.block_on(async {
+                let connect = CriClient::connect(&socket, Duration::from_secs(10));
+                match tokio::time::timeout(Duration::from_secs(5), connect).await {
+                    Ok(Ok(client)) => {
+                        match tokio::time::timeout(Duration::from_secs(60), cri_teardown(&client))
+                            .await
+                        {
+                            Ok(r) => r,
+                            Err(_) => (
+                                Vec::new(),
+                                vec![anyhow!("CRI teardown timed out after 60 s")],
+                            ),
+                        }
+                    }
+                    Ok(Err(e)) => (
+                        Vec::new(),
+                        vec![anyhow!("connecting to CRI for teardown: {e}")],
+                    ),
+                    Err(_) => (
+                        Vec::new(),
+                        vec![anyhow!("connecting to CRI for teardown timed out")],
+                    ),
+                }
+            })
+        });
     match worker {
-        Ok(handle) => handle.join().unwrap_or_else(|_| (Vec::new(), vec![anyhow!("CRI teardown thread panicked")])),
-        Err(e) => (Vec::new(), vec![anyhow!("spawning CRI teardown thread: {e}")]),
+        Ok(handle) => handle
+            .join()
+            .unwrap_or_else(|_| (Vec::new(), vec![anyhow!("CRI teardown thread panicked")])),
+        Err(e) => (
+            Vec::new(),
+            vec![anyhow!("spawning CRI teardown thread: {e}")],
+        ),
     }
 }
 
@@ -253,7 +316,11 @@ pub fn cri_teardown_blocking(socket: &Path) -> (Vec<PathBuf>, Vec<anyhow::Error>
 /// namespaces CRI reported for our sandboxes.
 ///
 /// Returns the errors of steps that failed; every step runs regardless.
-pub fn teardown(record: &RunRecord, child: Option<&mut Child>, known_netns: &[PathBuf]) -> Vec<anyhow::Error> {
+pub fn teardown(
+    record: &RunRecord,
+    child: Option<&mut Child>,
+    known_netns: &[PathBuf],
+) -> Vec<anyhow::Error> {
     let mut errors = Vec::new();
     let mut note = |r: Result<()>| {
         if let Err(e) = r {
@@ -349,7 +416,9 @@ fn sweep_subnet_leases() {
         let owner = owner.trim();
         // A lease is written right after its run directory is created; give
         // a lease without directory a moment in case we raced a creation.
-        if is_run_id(owner) && !Path::new(TEST_ROOT).join(owner).exists() && age(&entry.path()) > Duration::from_secs(5)
+        if is_run_id(owner)
+            && !Path::new(TEST_ROOT).join(owner).exists()
+            && age(&entry.path()) > Duration::from_secs(5)
         {
             let _ = fs::remove_file(entry.path());
         }
@@ -366,7 +435,10 @@ fn age(path: &Path) -> Duration {
 
 /// Whether `name` looks like a run id (6 lowercase hex digits).
 pub fn is_run_id(name: &str) -> bool {
-    name.len() == 6 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    name.len() == 6
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Takes the lease file `subnets/<index>` for `id`. `Ok(false)` when taken.
@@ -376,7 +448,11 @@ pub fn is_run_id(name: &str) -> bool {
 pub fn lease_subnet(index: u8, id: &str) -> Result<bool> {
     fs::create_dir_all(SUBNET_DIR)?;
     let path = Path::new(SUBNET_DIR).join(index.to_string());
-    match fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
         Ok(mut f) => {
             f.write_all(id.as_bytes())?;
             Ok(true)
@@ -393,9 +469,8 @@ pub fn lease_subnet(index: u8, id: &str) -> Result<bool> {
 pub fn release_subnet(index: u8, id: &str) -> Result<()> {
     let path = Path::new(SUBNET_DIR).join(index.to_string());
     match fs::read_to_string(&path) {
-        Ok(owner) if owner.trim() == id => {
-            fs::remove_file(&path).with_context(|| format!("removing subnet lease {}", path.display()))
-        }
+        Ok(owner) if owner.trim() == id => fs::remove_file(&path)
+            .with_context(|| format!("removing subnet lease {}", path.display())),
         _ => Ok(()),
     }
 }
@@ -446,7 +521,10 @@ pub(crate) fn terminate_child(child: &mut Child, grace: Duration) -> Result<()> 
 pub fn is_alive(pid: Pid) -> bool {
     // A zombie still answers kill(0); look at its state instead.
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(false),
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
         Err(_) => false,
     }
 }
@@ -469,7 +547,10 @@ pub fn processes_mentioning(needle: &str) -> Vec<Pid> {
         let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
             continue;
         };
-        if cmdline.split(|b| *b == 0).any(|arg| String::from_utf8_lossy(arg).contains(needle)) {
+        if cmdline
+            .split(|b| *b == 0)
+            .any(|arg| String::from_utf8_lossy(arg).contains(needle))
+        {
             pids.push(Pid::from_raw(pid as i32));
         }
     }
@@ -494,8 +575,16 @@ fn kill_shims(record: &RunRecord) -> Result<()> {
         let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
             continue;
         };
-        let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).to_string()).collect();
-        let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).to_string())
+            .collect();
+        let flag = |name: &str| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1))
+                .cloned()
+        };
         if let (Some(ns), Some(id)) = (flag("-namespace"), flag("-id")) {
             sockets.push(shim_socket(&address, &ns, &id));
         }
@@ -551,7 +640,10 @@ fn runc_netns(runc_root: &Path) -> Vec<PathBuf> {
         let Ok(state) = serde_json::from_slice::<serde_json::Value>(&data) else {
             continue;
         };
-        if let Some(namespaces) = state.pointer("/config/namespaces").and_then(|n| n.as_array()) {
+        if let Some(namespaces) = state
+            .pointer("/config/namespaces")
+            .and_then(|n| n.as_array())
+        {
             for ns in namespaces {
                 if ns["type"] == "NEWNET" {
                     if let Some(path) = ns["path"].as_str().filter(|p| p.starts_with(NETNS_DIR)) {
@@ -575,17 +667,27 @@ fn runc_kill_all(runc_root: &Path) -> Result<()> {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        let out = Command::new("runc").arg("--root").arg(&root).args(["delete", "--force", &id]).output();
+        let out = Command::new("runc")
+            .arg("--root")
+            .arg(&root)
+            .args(["delete", "--force", &id])
+            .output();
         match out {
             Ok(o) if o.status.success() || !root.join(&id).exists() => {}
-            Ok(o) => failed.push(format!("{id}: {}", String::from_utf8_lossy(&o.stderr).trim())),
+            Ok(o) => failed.push(format!(
+                "{id}: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
             Err(e) => failed.push(format!("{id}: {e}")),
         }
     }
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(anyhow!("runc delete --force failed for {}", failed.join("; ")))
+        Err(anyhow!(
+            "runc delete --force failed for {}",
+            failed.join("; ")
+        ))
     }
 }
 
@@ -612,7 +714,10 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -660,7 +765,10 @@ fn netns_with_subnet(index: u8) -> Vec<PathBuf> {
     let prefix = format!(" 198.18.{index}.");
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        let Ok(o) = Command::new("ip").args(["-n", &name, "-o", "-4", "addr", "show"]).output() else {
+        let Ok(o) = Command::new("ip")
+            .args(["-n", &name, "-o", "-4", "addr", "show"])
+            .output()
+        else {
             continue;
         };
         if String::from_utf8_lossy(&o.stdout).contains(&prefix) {
@@ -693,11 +801,17 @@ fn delete_link(name: &str) -> Result<()> {
     if !link_exists(name) {
         return Ok(());
     }
-    let out = Command::new("ip").args(["link", "del", name]).output().context("running ip link del")?;
+    let out = Command::new("ip")
+        .args(["link", "del", name])
+        .output()
+        .context("running ip link del")?;
     if out.status.success() || !link_exists(name) {
         Ok(())
     } else {
-        Err(anyhow!("ip link del {name}: {}", String::from_utf8_lossy(&out.stderr).trim()))
+        Err(anyhow!(
+            "ip link del {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -709,8 +823,10 @@ fn delete_link(name: &str) -> Result<()> {
 /// Fails when a rule could not be deleted.
 pub fn remove_firewall_rules(markers: &[String]) -> Result<()> {
     let mut errors = Vec::new();
-    for (save, restore) in [("iptables-save", "iptables-restore"), ("iptables-legacy-save", "iptables-legacy-restore")]
-    {
+    for (save, restore) in [
+        ("iptables-save", "iptables-restore"),
+        ("iptables-legacy-save", "iptables-legacy-restore"),
+    ] {
         if let Err(e) = remove_iptables_rules(save, restore, markers) {
             errors.push(format!("{e:#}"));
         }
@@ -745,7 +861,10 @@ fn parse_iptables_save(text: &str) -> BTreeMap<String, Table> {
                 table.entry(chain).or_default();
             } else if let Some(rule) = line.strip_prefix("-A ") {
                 if let Some((chain, spec)) = rule.split_once(' ') {
-                    table.entry(chain.to_string()).or_default().push(spec.to_string());
+                    table
+                        .entry(chain.to_string())
+                        .or_default()
+                        .push(spec.to_string());
                 }
             }
         }
@@ -755,29 +874,39 @@ fn parse_iptables_save(text: &str) -> BTreeMap<String, Table> {
 
 /// What to run through `iptables-restore --noflush` for one table: delete
 /// rules that mention a marker or jump to a chain of ours, then flush and
-/// delete our chains. Our chains: non-shared `CNI-*` chains whose rules all
-/// mention a marker.
+/// delete our chains. Our chains: non-shared `CNI-*` chains that a rule
+/// mentioning a marker jumps to (portmap's `CNI-DN-*` is entered from a rule
+/// whose comment names our network), or whose rules all mention a marker.
 fn iptables_cleanup_script(table_name: &str, table: &Table, markers: &[String]) -> Option<String> {
     let mentions = |s: &str| markers.iter().any(|m| s.contains(m.as_str()));
-    let ours: BTreeSet<&str> = table
+    let targets = |spec: &str| -> Vec<String> {
+        let words: Vec<&str> = spec.split_whitespace().collect();
+        words
+            .windows(2)
+            .filter(|w| w[0] == "-j" || w[0] == "-g")
+            .map(|w| w[1].to_string())
+            .collect()
+    };
+    let own_candidate = |chain: &str| chain.starts_with("CNI-") && !SHARED_CHAINS.contains(&chain);
+    let mut ours: BTreeSet<&str> = table
         .iter()
         .filter(|(chain, rules)| {
-            chain.starts_with("CNI-")
-                && !SHARED_CHAINS.contains(&chain.as_str())
-                && !rules.is_empty()
-                && rules.iter().all(|r| mentions(r))
+            own_candidate(chain) && !rules.is_empty() && rules.iter().all(|r| mentions(r))
         })
         .map(|(c, _)| c.as_str())
         .collect();
-    let jumps_to_ours = |spec: &str| {
-        let mut words = spec.split_whitespace();
-        while let Some(w) = words.next() {
-            if (w == "-j" || w == "-g") && words.next().is_some_and(|t| ours.contains(t)) {
-                return true;
+    for rules in table.values() {
+        for rule in rules.iter().filter(|r| mentions(r)) {
+            for target in targets(rule) {
+                if let Some((chain, _)) = table.get_key_value(&target) {
+                    if own_candidate(chain) {
+                        ours.insert(chain.as_str());
+                    }
+                }
             }
         }
-        false
-    };
+    }
+    let jumps_to_ours = |spec: &str| targets(spec).iter().any(|t| ours.contains(t.as_str()));
     let mut script = String::new();
     for (chain, rules) in table {
         if ours.contains(chain.as_str()) {
@@ -843,19 +972,30 @@ fn run_with_stdin(program: &str, args: &[&str], input: &str) -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {program}"))?;
-    child.stdin.take().expect("piped stdin").write_all(input.as_bytes())?;
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(input.as_bytes())?;
     let out = child.wait_with_output()?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(anyhow!("{program} failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
+        Err(anyhow!(
+            "{program} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
 /// Native nftables rules (tables not managed by iptables-nft, for example a
 /// newer portmap's nft backend) whose text mentions a marker.
 fn remove_nft_rules(markers: &[String]) -> Result<()> {
-    let Ok(out) = Command::new("nft").args(["-a", "list", "ruleset"]).stderr(Stdio::null()).output() else {
+    let Ok(out) = Command::new("nft")
+        .args(["-a", "list", "ruleset"])
+        .stderr(Stdio::null())
+        .output()
+    else {
         return Ok(());
     };
     let text = String::from_utf8_lossy(&out.stdout);
@@ -871,7 +1011,10 @@ fn remove_nft_rules(markers: &[String]) -> Result<()> {
             }
             ["chain", name, ..] => chain = name.to_string(),
             _ if markers.iter().any(|m| t.contains(m.as_str())) => {
-                let Some(handle) = t.rsplit_once("# handle ").map(|(_, h)| h.trim().to_string()) else {
+                let Some(handle) = t
+                    .rsplit_once("# handle ")
+                    .map(|(_, h)| h.trim().to_string())
+                else {
                     continue;
                 };
                 let out = Command::new("nft")
@@ -929,12 +1072,19 @@ pub fn leftovers(record: &RunRecord, netns: &[PathBuf]) -> Vec<String> {
         }
     }
     for ns in netns_with_subnet(record.subnet_index) {
-        left.push(format!("netns {} with an address in {}", ns.display(), record.subnet()));
+        left.push(format!(
+            "netns {} with an address in {}",
+            ns.display(),
+            record.subnet()
+        ));
     }
     for pid in processes_mentioning(&record.dir.to_string_lossy()) {
         if is_alive(pid) {
             let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            left.push(format!("process {pid}: {}", String::from_utf8_lossy(&cmd).replace('\0', " ")));
+            left.push(format!(
+                "process {pid}: {}",
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
         }
     }
     let markers = record.firewall_markers();
@@ -947,7 +1097,9 @@ pub fn leftovers(record: &RunRecord, netns: &[PathBuf]) -> Vec<String> {
             }
         }
     }
-    if let Ok(owner) = fs::read_to_string(Path::new(SUBNET_DIR).join(record.subnet_index.to_string())) {
+    if let Ok(owner) =
+        fs::read_to_string(Path::new(SUBNET_DIR).join(record.subnet_index.to_string()))
+    {
         if owner.trim() == record.id {
             left.push(format!("subnet lease {}", record.subnet()));
         }
@@ -1014,16 +1166,23 @@ mod tests {
 -A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT
 -A CNI-HOSTPORT-DNAT -p tcp -m comment --comment \"dnat name: \\\"skiff-a1b2c3\\\" id: \\\"x\\\"\" -m multiport --dports 80 -j CNI-DN-abc
 -A CNI-HOSTPORT-DNAT -p tcp -m comment --comment \"dnat name: \\\"other\\\" id: \\\"y\\\"\" -j CNI-DN-other
--A CNI-DN-abc -s 198.18.7.0/24 -p tcp -m tcp --dport 80 -j CNI-HOSTPORT-SETMARK
--A CNI-DN-abc -p tcp -m tcp --dport 80 -j DNAT --to-destination 198.18.7.5:80
+-A CNI-DN-abc -s 198.18.9.0/24 -p tcp -m tcp --dport 80 -j CNI-HOSTPORT-SETMARK
+-A CNI-DN-abc -s 127.0.0.1/32 -d 127.0.0.1/32 -p tcp -m tcp --dport 80 -j CNI-HOSTPORT-SETMARK
+-A CNI-DN-abc -p tcp -m tcp --dport 80 -j DNAT --to-destination 198.18.9.5:80
 -A CNI-DN-other -p tcp -m tcp --dport 81 -j DNAT --to-destination 10.88.0.5:80
 COMMIT
 ";
-        let markers = vec!["198.18.7.".to_string(), "skb-a1b2c3".to_string(), "\"skiff-a1b2c3\"".to_string()];
+        let markers = vec![
+            "198.18.9.".to_string(),
+            "skb-a1b2c3".to_string(),
+            "skiff-a1b2c3".to_string(),
+        ];
         let tables = parse_iptables_save(save);
         let script = iptables_cleanup_script("nat", &tables["nat"], &markers).unwrap();
         assert!(script.starts_with("*nat\n"));
-        assert!(script.contains("-D CNI-HOSTPORT-DNAT -p tcp -m comment --comment \"dnat name: \\\"skiff-a1b2c3\\\""));
+        assert!(script.contains(
+            "-D CNI-HOSTPORT-DNAT -p tcp -m comment --comment \"dnat name: \\\"skiff-a1b2c3\\\""
+        ));
         assert!(script.contains("-F CNI-DN-abc\n"));
         assert!(script.contains("-X CNI-DN-abc\n"));
         assert!(!script.contains("other"));
@@ -1042,7 +1201,10 @@ COMMIT
     #[test]
     fn netns_path_from_containerd_verbose_info() {
         let info = r#"{"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}"#;
-        assert_eq!(netns_from_verbose_info(info), Some(PathBuf::from("/var/run/netns/cni-1")));
+        assert_eq!(
+            netns_from_verbose_info(info),
+            Some(PathBuf::from("/var/run/netns/cni-1"))
+        );
     }
 
     #[test]

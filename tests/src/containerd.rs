@@ -125,7 +125,9 @@ impl ContainerdBuilder {
         tokio::task::spawn_blocking(cleanup::sweep_stale).await?;
         let snapshotter = match self.snapshotter.clone() {
             Some(s) => s,
-            None => tokio::task::spawn_blocking(default_snapshotter).await?.to_string(),
+            None => tokio::task::spawn_blocking(default_snapshotter)
+                .await?
+                .to_string(),
         };
         let (record, lock) = tokio::task::spawn_blocking(create_run).await??;
         let socket = record.socket.clone();
@@ -144,9 +146,10 @@ impl ContainerdBuilder {
         containerd.write_files(&self)?;
         containerd.start_again().await?;
         if self.default_images {
-            let (pause, toolbox) =
-                tokio::task::spawn_blocking(|| Ok::<_, anyhow::Error>((images::pause()?, images::toolbox()?)))
-                    .await??;
+            let (pause, toolbox) = tokio::task::spawn_blocking(|| {
+                Ok::<_, anyhow::Error>((images::pause()?, images::toolbox()?))
+            })
+            .await??;
             containerd.images().load(&pause).await?;
             containerd.images().load(&toolbox).await?;
         }
@@ -285,7 +288,8 @@ impl Containerd {
     /// Fails only when waiting for the process fails.
     pub async fn stop(&mut self) -> Result<()> {
         if let Some(mut child) = self.child.take() {
-            tokio::task::spawn_blocking(move || cleanup::terminate_child(&mut child, STOP_GRACE)).await??;
+            tokio::task::spawn_blocking(move || cleanup::terminate_child(&mut child, STOP_GRACE))
+                .await??;
         }
         Ok(())
     }
@@ -335,15 +339,24 @@ impl Containerd {
     /// the CRI part runs on the caller's runtime.
     pub async fn cleanup(mut self) {
         self.cleaned = true;
-        let (netns, mut errors) =
-            match tokio::time::timeout(Duration::from_secs(60), cleanup::cri_teardown(&self.client)).await {
-                Ok(r) if self.child.is_some() => r,
-                Ok(_) => (Vec::new(), Vec::new()),
-                Err(_) => (Vec::new(), vec![anyhow!("CRI teardown timed out after 60 s")]),
-            };
+        let (netns, mut errors) = match tokio::time::timeout(
+            Duration::from_secs(60),
+            cleanup::cri_teardown(&self.client),
+        )
+        .await
+        {
+            Ok(r) if self.child.is_some() => r,
+            Ok(_) => (Vec::new(), Vec::new()),
+            Err(_) => (
+                Vec::new(),
+                vec![anyhow!("CRI teardown timed out after 60 s")],
+            ),
+        };
         let record = self.record.clone();
         let mut child = self.child.take();
-        let sync = tokio::task::spawn_blocking(move || cleanup::teardown(&record, child.as_mut(), &netns)).await;
+        let sync =
+            tokio::task::spawn_blocking(move || cleanup::teardown(&record, child.as_mut(), &netns))
+                .await;
         match sync {
             Ok(e) => errors.extend(e),
             Err(e) => errors.push(anyhow!("teardown task: {e}")),
@@ -367,7 +380,11 @@ impl Containerd {
                 }
             }
             if self.record.socket.exists() {
-                match self.client.status(v1::StatusRequest { verbose: false }).await {
+                match self
+                    .client
+                    .status(v1::StatusRequest { verbose: false })
+                    .await
+                {
                     Ok(resp) => {
                         let conditions = resp.status.map(|s| s.conditions).unwrap_or_default();
                         let ready = |t: &str| conditions.iter().any(|c| c.r#type == t && c.status);
@@ -397,7 +414,10 @@ impl Containerd {
             fs::create_dir_all(dir.join(sub))?;
         }
         fs::write(&self.config_path, self.config_toml(opts))?;
-        fs::write(dir.join("cni").join("10-skiff.conflist"), self.cni_conflist())?;
+        fs::write(
+            dir.join("cni").join("10-skiff.conflist"),
+            self.cni_conflist(),
+        )?;
         Ok(())
     }
 
@@ -410,12 +430,19 @@ impl Containerd {
         let _ = writeln!(t, "root = \"{d}/root\"");
         let _ = writeln!(t, "state = \"{d}/state\"");
         let _ = writeln!(t, "oom_score = 0\n");
-        let _ = writeln!(t, "[grpc]\n  address = \"{}\"\n", self.record.socket.display());
+        let _ = writeln!(
+            t,
+            "[grpc]\n  address = \"{}\"\n",
+            self.record.socket.display()
+        );
         let _ = writeln!(t, "[ttrpc]\n  address = \"{d}/containerd.sock.ttrpc\"\n");
         // Empty addresses turn the debug socket and metrics listener off.
         let _ = writeln!(t, "[debug]\n  address = \"\"\n  level = \"info\"\n");
         let _ = writeln!(t, "[metrics]\n  address = \"\"\n");
-        let _ = writeln!(t, "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"{d}/opt\"\n");
+        let _ = writeln!(
+            t,
+            "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"{d}/opt\"\n"
+        );
         let _ = writeln!(t, "[{cri}]");
         let _ = writeln!(t, "  sandbox_image = \"{}\"", images::PAUSE_IMAGE);
         // Without CAP_SYS_RESOURCE runc cannot lower oom_score_adj and every
@@ -441,8 +468,15 @@ impl Containerd {
         let _ = writeln!(t, "  conf_dir = \"{d}/cni\"");
         let _ = writeln!(t, "  max_conf_num = 1\n");
         for (host, endpoints) in &opts.mirrors {
-            let eps = endpoints.iter().map(|e| format!("\"{e}\"")).collect::<Vec<_>>().join(", ");
-            let _ = writeln!(t, "[{cri}.registry.mirrors.\"{host}\"]\n  endpoint = [{eps}]\n");
+            let eps = endpoints
+                .iter()
+                .map(|e| format!("\"{e}\""))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                t,
+                "[{cri}.registry.mirrors.\"{host}\"]\n  endpoint = [{eps}]\n"
+            );
         }
         t.push_str(&opts.extra_config);
         t
@@ -547,7 +581,10 @@ fn lease_free_subnet(id: &str) -> Result<u8> {
             return Ok(x);
         }
     }
-    bail!("no free /24 in 198.18.{lo}-{hi}.0 (leases in {})", cleanup::SUBNET_DIR)
+    bail!(
+        "no free /24 in 198.18.{lo}-{hi}.0 (leases in {})",
+        cleanup::SUBNET_DIR
+    )
 }
 
 /// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff).
@@ -567,7 +604,13 @@ pub fn has_cap_sys_resource() -> bool {
 /// once per process), else `native`.
 pub fn default_snapshotter() -> &'static str {
     static SNAPSHOTTER: OnceLock<&'static str> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| if overlay_works() { "overlayfs" } else { "native" })
+    SNAPSHOTTER.get_or_init(|| {
+        if overlay_works() {
+            "overlayfs"
+        } else {
+            "native"
+        }
+    })
 }
 
 fn overlay_works() -> bool {
@@ -581,7 +624,13 @@ fn overlay_works() -> bool {
             dirs[1].display(),
             dirs[2].display()
         );
-        let mounted = mount(Some("overlay"), &dirs[3], Some("overlay"), MsFlags::empty(), Some(opts.as_str()));
+        let mounted = mount(
+            Some("overlay"),
+            &dirs[3],
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(opts.as_str()),
+        );
         if mounted.is_ok() {
             let _ = umount2(&dirs[3], MntFlags::MNT_DETACH);
         }

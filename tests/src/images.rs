@@ -99,7 +99,8 @@ impl OciImage {
 
     /// The manifest JSON.
     pub fn manifest(&self) -> &[u8] {
-        self.blob(&self.manifest_digest).expect("manifest blob is always present")
+        self.blob(&self.manifest_digest)
+            .expect("manifest blob is always present")
     }
 
     /// Any blob of this image (manifest, config or layer) by digest.
@@ -114,7 +115,10 @@ impl OciImage {
 
     /// The same content under another reference (same digests).
     pub fn with_name(&self, name: impl Into<String>) -> OciImage {
-        OciImage { name: name.into(), ..self.clone() }
+        OciImage {
+            name: name.into(),
+            ..self.clone()
+        }
     }
 
     /// `index.json` of an OCI layout holding this image, with both the
@@ -123,7 +127,10 @@ impl OciImage {
     pub fn index_json(&self) -> Result<Vec<u8>> {
         let manifest = self.manifest();
         let mut annotations = HashMap::new();
-        annotations.insert("org.opencontainers.image.ref.name".to_string(), self.tag().to_string());
+        annotations.insert(
+            "org.opencontainers.image.ref.name".to_string(),
+            self.tag().to_string(),
+        );
         annotations.insert("io.containerd.image.name".to_string(), self.name.clone());
         let platform = PlatformBuilder::default()
             .architecture(host_arch())
@@ -151,7 +158,8 @@ impl OciImage {
     /// Fails when the directory cannot be written.
     pub fn write_layout_dir(&self, dir: &Path) -> Result<()> {
         let blob_dir = dir.join("blobs/sha256");
-        fs::create_dir_all(&blob_dir).with_context(|| format!("creating {}", blob_dir.display()))?;
+        fs::create_dir_all(&blob_dir)
+            .with_context(|| format!("creating {}", blob_dir.display()))?;
         for (digest, data) in self.blobs() {
             fs::write(blob_dir.join(digest_hex(digest)), data)?;
         }
@@ -166,7 +174,8 @@ impl OciImage {
     /// # Errors
     /// Fails when the file cannot be written.
     pub fn write_layout_tar(&self, path: &Path) -> Result<()> {
-        let file = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let file =
+            fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
         let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
         let mut add = |name: &str, data: &[u8]| -> Result<()> {
             let mut header = file_header(data.len() as u64, 0o644);
@@ -225,19 +234,33 @@ impl LayerBuilder {
     /// A regular file.
     pub fn file(mut self, path: &str, data: impl Into<Vec<u8>>, mode: u32) -> Self {
         let path = self.add_parents(path);
-        self.entries.insert(path, Entry::File { data: data.into(), mode });
+        self.entries.insert(
+            path,
+            Entry::File {
+                data: data.into(),
+                mode,
+            },
+        );
         self
     }
 
     /// A symbolic link `path -> target`.
     pub fn symlink(mut self, path: &str, target: &str) -> Self {
         let path = self.add_parents(path);
-        self.entries.insert(path, Entry::Symlink { target: target.to_string() });
+        self.entries.insert(
+            path,
+            Entry::Symlink {
+                target: target.to_string(),
+            },
+        );
         self
     }
 
     fn add_parents(&mut self, path: &str) -> String {
-        let path = path.trim_start_matches('/').trim_end_matches('/').to_string();
+        let path = path
+            .trim_start_matches('/')
+            .trim_end_matches('/')
+            .to_string();
         let mut parent = Path::new(&path).parent();
         while let Some(p) = parent {
             let s = p.to_string_lossy().to_string();
@@ -279,7 +302,11 @@ impl LayerBuilder {
         let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
         gz.write_all(&raw)?;
         let blob = gz.finish()?;
-        Ok(Layer { digest: sha256_digest(&blob), diff_id, blob: Arc::new(blob) })
+        Ok(Layer {
+            digest: sha256_digest(&blob),
+            diff_id,
+            blob: Arc::new(blob),
+        })
     }
 }
 
@@ -309,7 +336,10 @@ pub struct ImageBuilder {
 impl ImageBuilder {
     /// An image that will be called `name` (a full reference with a tag).
     pub fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), ..Self::default() }
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
     }
 
     /// Appends a layer.
@@ -371,7 +401,12 @@ impl ImageBuilder {
         }
         let rootfs = RootFsBuilder::default()
             .typ("layers")
-            .diff_ids(self.layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>())
+            .diff_ids(
+                self.layers
+                    .iter()
+                    .map(|l| l.diff_id.clone())
+                    .collect::<Vec<_>>(),
+            )
             .build()?;
         let image_config = ImageConfigurationBuilder::default()
             .created(CREATED)
@@ -427,7 +462,11 @@ pub fn pause() -> Result<OciImage> {
         let bin = fs::read(pause_binary()?)?;
         LayerBuilder::new().file("pause", bin, 0o755).build()
     })?;
-    ImageBuilder::new(PAUSE_IMAGE).layer(layer).entrypoint(["/pause"]).working_dir("/").build()
+    ImageBuilder::new(PAUSE_IMAGE)
+        .layer(layer)
+        .entrypoint(["/pause"])
+        .working_dir("/")
+        .build()
 }
 
 /// The toolbox image, [`TOOLBOX_IMAGE`].
@@ -460,7 +499,10 @@ fn cached_layer(
     cell: &'static OnceLock<Mutex<Option<Layer>>>,
     build: impl FnOnce() -> Result<Layer>,
 ) -> Result<Layer> {
-    let mut slot = cell.get_or_init(|| Mutex::new(None)).lock().unwrap_or_else(|e| e.into_inner());
+    let mut slot = cell
+        .get_or_init(|| Mutex::new(None))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(l) = slot.as_ref() {
         return Ok(l.clone());
     }
@@ -472,9 +514,15 @@ fn cached_layer(
 fn toolbox_layer() -> Result<Layer> {
     let busybox =
         fs::read(BUSYBOX).with_context(|| format!("reading {BUSYBOX} (install busybox-static)"))?;
-    let out = Command::new(BUSYBOX).arg("--list-full").output().context("running busybox --list-full")?;
+    let out = Command::new(BUSYBOX)
+        .arg("--list-full")
+        .output()
+        .context("running busybox --list-full")?;
     if !out.status.success() {
-        bail!("busybox --list-full failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "busybox --list-full failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let mut layer = LayerBuilder::new()
         .file("bin/busybox", busybox, 0o755)
@@ -520,7 +568,12 @@ pub fn pause_binary() -> Result<PathBuf> {
     fs::create_dir_all(cache)?;
     // Unique temporary names: other test processes may compile concurrently;
     // the final rename is atomic.
-    let tmp = format!("{}.{}.{}", bin.display(), std::process::id(), rand::random::<u32>());
+    let tmp = format!(
+        "{}.{}.{}",
+        bin.display(),
+        std::process::id(),
+        rand::random::<u32>()
+    );
     let src = format!("{tmp}.c");
     fs::write(&src, PAUSE_SOURCE)?;
     let out = Command::new("gcc")
@@ -530,7 +583,10 @@ pub fn pause_binary() -> Result<PathBuf> {
     let _ = fs::remove_file(&src);
     if !out.status.success() {
         let _ = fs::remove_file(&tmp);
-        bail!("gcc -static -Os pause.c failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "gcc -static -Os pause.c failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     fs::rename(&tmp, &bin)?;
     Ok(bin)
@@ -555,7 +611,10 @@ impl Images<'_> {
     pub async fn load(&self, image: &OciImage) -> Result<()> {
         let dir = self.dir.join("images");
         tokio::fs::create_dir_all(&dir).await?;
-        let tar = dir.join(format!("{}.tar", image.name().replace(['/', ':', '@'], "_")));
+        let tar = dir.join(format!(
+            "{}.tar",
+            image.name().replace(['/', ':', '@'], "_")
+        ));
         {
             let image = image.clone();
             let tar = tar.clone();
@@ -564,7 +623,14 @@ impl Images<'_> {
         let out = tokio::process::Command::new("ctr")
             .arg("--address")
             .arg(self.socket)
-            .args(["-n", "k8s.io", "images", "import", "--snapshotter", self.snapshotter])
+            .args([
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                "--snapshotter",
+                self.snapshotter,
+            ])
             .arg(&tar)
             .output()
             .await
@@ -599,19 +665,29 @@ impl Images<'_> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             let req = v1::ImageStatusRequest {
-                image: Some(v1::ImageSpec { image: image.name().to_string(), ..Default::default() }),
+                image: Some(v1::ImageSpec {
+                    image: image.name().to_string(),
+                    ..Default::default()
+                }),
                 verbose: false,
             };
             let last = match self.client.image_status(req).await {
                 Ok(resp) => match resp.image {
                     Some(img) if img.id == image.config_digest() => return Ok(()),
-                    Some(img) => format!("CRI reports id {} instead of {}", img.id, image.config_digest()),
+                    Some(img) => format!(
+                        "CRI reports id {} instead of {}",
+                        img.id,
+                        image.config_digest()
+                    ),
                     None => "CRI ImageStatus reports no such image".to_string(),
                 },
                 Err(e) => format!("CRI ImageStatus failed: {e}"),
             };
             if tokio::time::Instant::now() >= deadline {
-                return Err(anyhow!("image {} imported but not visible through CRI: {last}", image.name()));
+                return Err(anyhow!(
+                    "image {} imported but not visible through CRI: {last}",
+                    image.name()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -646,7 +722,8 @@ fn digest_hex(digest: &str) -> &str {
 }
 
 fn parse_digest(s: &str) -> Result<Digest> {
-    s.parse::<Digest>().map_err(|e| anyhow!("invalid digest {s}: {e}"))
+    s.parse::<Digest>()
+        .map_err(|e| anyhow!("invalid digest {s}: {e}"))
 }
 
 #[cfg(test)]
@@ -655,19 +732,38 @@ mod tests {
 
     #[test]
     fn references_split_into_repository_and_tag() {
-        assert_eq!(split_reference("skiff.test/toolbox:1.0"), ("skiff.test/toolbox", "1.0"));
-        assert_eq!(split_reference("127.0.0.1:5000/skiff/toolbox"), ("127.0.0.1:5000/skiff/toolbox", "latest"));
-        assert_eq!(split_reference("127.0.0.1:5000/a:2"), ("127.0.0.1:5000/a", "2"));
+        assert_eq!(
+            split_reference("skiff.test/toolbox:1.0"),
+            ("skiff.test/toolbox", "1.0")
+        );
+        assert_eq!(
+            split_reference("127.0.0.1:5000/skiff/toolbox"),
+            ("127.0.0.1:5000/skiff/toolbox", "latest")
+        );
+        assert_eq!(
+            split_reference("127.0.0.1:5000/a:2"),
+            ("127.0.0.1:5000/a", "2")
+        );
     }
 
     #[test]
     fn layers_are_reproducible_and_digests_consistent() {
-        let build = || LayerBuilder::new().file("a/b/c", "x", 0o644).symlink("bin/sh", "/bin/busybox").build().unwrap();
+        let build = || {
+            LayerBuilder::new()
+                .file("a/b/c", "x", 0o644)
+                .symlink("bin/sh", "/bin/busybox")
+                .build()
+                .unwrap()
+        };
         let (a, b) = (build(), build());
         assert_eq!(a.digest, b.digest);
         assert_eq!(a.digest, sha256_digest(&a.blob));
         let mut raw = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(a.blob.as_slice()), &mut raw).unwrap();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(a.blob.as_slice()),
+            &mut raw,
+        )
+        .unwrap();
         assert_eq!(a.diff_id, sha256_digest(&raw));
     }
 
@@ -682,7 +778,8 @@ mod tests {
         assert_eq!(one.layer_digests(), two.layer_digests());
         let manifest: serde_json::Value = serde_json::from_slice(one.manifest()).unwrap();
         assert_eq!(manifest["config"]["digest"], one.config_digest());
-        let config: serde_json::Value = serde_json::from_slice(one.blob(one.config_digest()).unwrap()).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_slice(one.blob(one.config_digest()).unwrap()).unwrap();
         assert_eq!(config["config"]["Cmd"][0], "sh");
     }
 }

@@ -25,6 +25,7 @@
 //! Everything here needs root and only touches loopback and addresses the
 //! fixture created (198.18.0.0/15).
 
+pub mod agent;
 pub mod cleanup;
 pub mod containerd;
 pub mod images;

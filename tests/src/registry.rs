@@ -58,8 +58,9 @@ impl Registry {
     /// # Errors
     /// Fails when the listener cannot be bound.
     pub async fn start() -> Result<Registry> {
-        let listener =
-            tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the test registry on 127.0.0.1")?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the test registry on 127.0.0.1")?;
         let addr = listener.local_addr()?;
         let store = Arc::new(Store::default());
         let app = Router::new()
@@ -75,7 +76,12 @@ impl Registry {
                 eprintln!("skiff-tests: registry on {addr}: {e}");
             }
         });
-        Ok(Registry { addr, store, shutdown: Some(tx), task: Some(task) })
+        Ok(Registry {
+            addr,
+            store,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
     }
 
     /// Publishes `image` as `<repository>:<tag>` (for example
@@ -84,10 +90,13 @@ impl Registry {
         let mut repos = self.store.repos.lock().unwrap_or_else(|e| e.into_inner());
         let repo = repos.entry(repository.to_string()).or_default();
         for (digest, data) in image.blobs() {
-            repo.blobs.entry(digest.to_string()).or_insert_with(|| Arc::new(data.to_vec()));
+            repo.blobs
+                .entry(digest.to_string())
+                .or_insert_with(|| Arc::new(data.to_vec()));
         }
         repo.manifests.insert(image.manifest_digest().to_string());
-        repo.tags.insert(tag.to_string(), image.manifest_digest().to_string());
+        repo.tags
+            .insert(tag.to_string(), image.manifest_digest().to_string());
     }
 
     /// The socket address it listens on.
@@ -107,7 +116,11 @@ impl Registry {
 
     /// Every request served so far as `METHOD /path -> status`.
     pub fn requests(&self) -> Vec<String> {
-        self.store.requests.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.store
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Stops serving and waits for the server task.
@@ -144,7 +157,11 @@ async fn api_version(State(store): State<Arc<Store>>, method: Method) -> Respons
 
 /// `/v2/<name>/manifests/<reference>` or `/v2/<name>/blobs/<digest>`;
 /// `<name>` may contain slashes.
-async fn serve(State(store): State<Arc<Store>>, method: Method, Path(rest): Path<String>) -> Response<Body> {
+async fn serve(
+    State(store): State<Arc<Store>>,
+    method: Method,
+    Path(rest): Path<String>,
+) -> Response<Body> {
     let response = route(&store, &rest);
     log(&store, &method, &format!("/v2/{rest}"), response.status());
     response
@@ -154,7 +171,12 @@ fn route(store: &Store, rest: &str) -> Response<Body> {
     let repos = store.repos.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((name, reference)) = rest.rsplit_once("/manifests/") {
         let Some(repo) = repos.get(name) else {
-            return error(StatusCode::NOT_FOUND, "NAME_UNKNOWN", "repository name not known to registry", name);
+            return error(
+                StatusCode::NOT_FOUND,
+                "NAME_UNKNOWN",
+                "repository name not known to registry",
+                name,
+            );
         };
         let digest = if reference.starts_with("sha256:") {
             Some(reference.to_string()).filter(|d| repo.manifests.contains(d))
@@ -163,19 +185,39 @@ fn route(store: &Store, rest: &str) -> Response<Body> {
         };
         return match digest.and_then(|d| repo.blobs.get(&d).map(|b| (d, b.clone()))) {
             Some((digest, data)) => content(MANIFEST_MEDIA_TYPE, &digest, data),
-            None => error(StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN", "manifest unknown", reference),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "MANIFEST_UNKNOWN",
+                "manifest unknown",
+                reference,
+            ),
         };
     }
     if let Some((name, digest)) = rest.rsplit_once("/blobs/") {
         let Some(repo) = repos.get(name) else {
-            return error(StatusCode::NOT_FOUND, "NAME_UNKNOWN", "repository name not known to registry", name);
+            return error(
+                StatusCode::NOT_FOUND,
+                "NAME_UNKNOWN",
+                "repository name not known to registry",
+                name,
+            );
         };
         return match repo.blobs.get(digest) {
             Some(data) => content("application/octet-stream", digest, data.clone()),
-            None => error(StatusCode::NOT_FOUND, "BLOB_UNKNOWN", "blob unknown to registry", digest),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "BLOB_UNKNOWN",
+                "blob unknown to registry",
+                digest,
+            ),
         };
     }
-    error(StatusCode::NOT_FOUND, "UNSUPPORTED", "the operation is unsupported", rest)
+    error(
+        StatusCode::NOT_FOUND,
+        "UNSUPPORTED",
+        "the operation is unsupported",
+        rest,
+    )
 }
 
 /// A blob or manifest. For HEAD requests axum drops the body and keeps the
@@ -185,7 +227,10 @@ fn content(media_type: &str, digest: &str, data: Arc<Vec<u8>>) -> Response<Body>
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, media_type)
         .header(header::CONTENT_LENGTH, data.len())
-        .header("Docker-Content-Digest", HeaderValue::from_str(digest).unwrap_or(HeaderValue::from_static("")))
+        .header(
+            "Docker-Content-Digest",
+            HeaderValue::from_str(digest).unwrap_or(HeaderValue::from_static("")),
+        )
         .header("Docker-Distribution-API-Version", "registry/2.0")
         .body(Body::from(data.as_ref().clone()))
         .expect("valid response")
@@ -193,7 +238,8 @@ fn content(media_type: &str, digest: &str, data: Arc<Vec<u8>>) -> Response<Body>
 
 /// The distribution spec's error body.
 fn error(status: StatusCode, code: &str, message: &str, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": detail }] });
+    let body =
+        serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": detail }] });
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
@@ -202,7 +248,11 @@ fn error(status: StatusCode, code: &str, message: &str, detail: &str) -> Respons
 }
 
 fn log(store: &Store, method: &Method, path: &str, status: StatusCode) {
-    store.requests.lock().unwrap_or_else(|e| e.into_inner()).push(format!("{method} {path} -> {}", status.as_u16()));
+    store
+        .requests
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(format!("{method} {path} -> {}", status.as_u16()));
 }
 
 #[cfg(test)]
@@ -217,13 +267,21 @@ mod tests {
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).await.unwrap();
         let split = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-        (String::from_utf8_lossy(&buf[..split]).to_lowercase(), buf[split + 4..].to_vec())
+        (
+            String::from_utf8_lossy(&buf[..split]).to_lowercase(),
+            buf[split + 4..].to_vec(),
+        )
     }
 
     #[tokio::test]
     async fn serves_manifests_blobs_and_errors() {
         let image = crate::images::ImageBuilder::new("x/y:1")
-            .layer(crate::images::LayerBuilder::new().file("hello", "hi", 0o644).build().unwrap())
+            .layer(
+                crate::images::LayerBuilder::new()
+                    .file("hello", "hi", 0o644)
+                    .build()
+                    .unwrap(),
+            )
             .build()
             .unwrap();
         let reg = Registry::start().await.unwrap();
@@ -232,11 +290,22 @@ mod tests {
         assert!(head.starts_with("http/1.1 200"));
         let (head, body) = http(reg.addr(), "GET", "/v2/skiff/y/manifests/1").await;
         assert!(head.contains(MANIFEST_MEDIA_TYPE));
-        assert!(head.contains(&format!("docker-content-digest: {}", image.manifest_digest())));
+        assert!(head.contains(&format!(
+            "docker-content-digest: {}",
+            image.manifest_digest()
+        )));
         assert_eq!(body, image.manifest());
-        let (head, body) = http(reg.addr(), "HEAD", &format!("/v2/skiff/y/manifests/{}", image.manifest_digest())).await;
+        let (head, body) = http(
+            reg.addr(),
+            "HEAD",
+            &format!("/v2/skiff/y/manifests/{}", image.manifest_digest()),
+        )
+        .await;
         assert!(head.starts_with("http/1.1 200"), "{head}");
-        assert!(head.contains(&format!("content-length: {}", image.manifest().len())), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", image.manifest().len())),
+            "{head}"
+        );
         assert!(body.is_empty());
         let layer = &image.layer_digests()[0];
         let (_, body) = http(reg.addr(), "GET", &format!("/v2/skiff/y/blobs/{layer}")).await;

@@ -110,7 +110,8 @@ fn terminal_phases() {
     assert_eq!(s.phase.as_deref(), Some("Succeeded"));
     assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
     assert_eq!(display_status(&never, &s), "Completed");
-    let s = run(&never, &rt(vec![c(&never, "a", State::Exited, 0, 0), c(&never, "b", State::Exited, 0, 2)], false), &HashMap::new());
+    // kubectl reports the first container's reason.
+    let s = run(&never, &rt(vec![c(&never, "a", State::Exited, 0, 2), c(&never, "b", State::Exited, 0, 0)], false), &HashMap::new());
     assert_eq!(s.phase.as_deref(), Some("Failed"));
     assert_eq!(display_status(&never, &s), "Error");
 }

@@ -49,6 +49,7 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
         ensure(api, &system_req("rbac.authorization.k8s.io", plural, None), obj).await?;
     }
     let list = api.store.list("/registry/core/services/", None, 0, None).await?;
+    let fresh = !list.kvs.iter().any(|kv| kv.key == "/registry/core/services/default/kubernetes");
     for kv in list.kvs {
         if let Ok(v) = serde_json::from_slice::<Value>(&kv.value) {
             if let Some(ip) = v["spec"]["clusterIP"].as_str() {
@@ -61,5 +62,27 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
             }
         }
     }
+    if fresh {
+        kubernetes_service(api).await?;
+    }
     Ok(())
+}
+
+/// The `kubernetes` service in `default` (first ClusterIP of the range),
+/// whose endpoints point at this server, as upstream's bootstrap controller
+/// keeps them.
+async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
+    let Some((ip, port)) = api.advertise else { return Ok(()) };
+    let svc = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {"clusterIP": api.ips.first().to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}]},
+    });
+    ensure(api, &system_req("", "services", Some("default")), svc).await?;
+    let ep = json!({
+        "apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+        "subsets": [{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
+    });
+    ensure(api, &system_req("", "endpoints", Some("default")), ep).await
 }

@@ -54,6 +54,9 @@ pub const MAX_BODY: usize = 3 * 1024 * 1024;
 pub struct ApiConfig {
     /// ClusterIPs come from here.
     pub service_cidr: ipalloc::Cidr,
+    /// Address and port pods reach the API on: the `kubernetes` service's
+    /// endpoints.
+    pub advertise: Option<(std::net::IpAddr, u16)>,
 }
 
 /// The API server: shared by every connection.
@@ -63,6 +66,7 @@ pub struct ApiServer {
     pub(crate) rbac: Arc<Rbac>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ips: ipalloc::Allocator,
+    pub(crate) advertise: Option<(std::net::IpAddr, u16)>,
     /// Flips to true on shutdown; watch streams end when it does.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
 }
@@ -113,6 +117,7 @@ impl ApiServer {
             rbac: Rbac::new(),
             metrics,
             ips: ipalloc::Allocator::new(cfg.service_cidr),
+            advertise: cfg.advertise,
             shutdown,
         })
     }
@@ -126,6 +131,11 @@ impl ApiServer {
         self.rbac.relist(self.store.as_ref()).await?;
         tokio::spawn(self.rbac.clone().sync(self.store.clone(), self.shutdown.clone()));
         Ok(())
+    }
+
+    /// The store this server writes (tests compact it to provoke 410s).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {

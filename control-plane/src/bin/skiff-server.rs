@@ -1,1 +1,150 @@
-fn main() {}
+//! skiff-server: the control plane's command line. Logic lives in the
+//! library; this file parses flags and reports errors.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use skiff_control_plane::config::{Config, Settings};
+use skiff_control_plane::{pki, server, store};
+
+#[derive(Parser, Debug)]
+#[command(name = "skiff-server", version, about = "Kubernetes-compatible control plane")]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Args, Debug, Clone)]
+struct ServeArgs {
+    /// State, PKI and kubeconfigs live here.
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// Address to serve HTTPS on [default: 127.0.0.1].
+    #[arg(long)]
+    bind_address: Option<String>,
+    /// HTTPS port [default: 6443; 0 picks a free one].
+    #[arg(long)]
+    secure_port: Option<u16>,
+    /// etcd endpoints (http://host:port[,...]); SQLite in --data-dir when unset.
+    #[arg(long, global = true)]
+    datastore_endpoint: Option<String>,
+    /// ClusterIP range [default: 10.43.0.0/16].
+    #[arg(long)]
+    service_cluster_ip_range: Option<String>,
+    /// Pod network range [default: 10.42.0.0/16].
+    #[arg(long)]
+    cluster_cidr: Option<String>,
+    /// CSV of token,user,uid,"group1,group2".
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// Extra SANs for the serving certificate (repeatable).
+    #[arg(long)]
+    tls_san: Vec<String>,
+    /// YAML file with the same keys as the flags; flags win.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    fn resolve(&self) -> anyhow::Result<Config> {
+        let flags = Settings {
+            data_dir: self.data_dir.clone(),
+            bind_address: self.bind_address.clone(),
+            secure_port: self.secure_port,
+            datastore_endpoint: self.datastore_endpoint.clone(),
+            service_cluster_ip_range: self.service_cluster_ip_range.clone(),
+            cluster_cidr: self.cluster_cidr.clone(),
+            token_auth_file: self.token_auth_file.clone(),
+            tls_san: (!self.tls_san.is_empty()).then(|| self.tls_san.clone()),
+        };
+        Config::resolve(flags, self.config.as_deref()).context("resolving configuration")
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Print a client-certificate kubeconfig signed by the cluster CA.
+    Kubeconfig {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        group: Vec<String>,
+        /// API server URL [default: https://127.0.0.1:6443].
+        #[arg(long)]
+        server: Option<String>,
+    },
+    /// Datastore snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotCmd {
+    /// Write a consistent snapshot of the datastore to FILE.
+    Save { file: PathBuf },
+    /// Print revision, key count, size and hash of FILE.
+    Status { file: PathBuf },
+    /// Restore FILE into --data-dir (which must not hold state yet).
+    Restore { file: PathBuf },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    rt.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let cfg = cli.serve.resolve()?;
+    match cli.cmd {
+        None => serve(cfg).await,
+        Some(Cmd::Kubeconfig { user, group, server }) => {
+            let pki = pki::Pki::load_or_create(&cfg.data_dir).context("loading the cluster CA")?;
+            let url = server.unwrap_or_else(|| format!("https://127.0.0.1:{}", cfg.secure_port));
+            print!("{}", pki.kubeconfig(&url, &user, &group).with_context(|| format!("issuing a certificate for {user}"))?);
+            Ok(())
+        }
+        Some(Cmd::Snapshot(SnapshotCmd::Save { file })) => {
+            let st = server::open_store(&cfg).await.context("opening the datastore")?;
+            let info = st.snapshot_save(&file).await.with_context(|| format!("saving snapshot {}", file.display()))?;
+            println!("saved {} (revision {}, {} keys, {} bytes, hash {})", file.display(), info.revision, info.keys, info.size, info.hash);
+            Ok(())
+        }
+        Some(Cmd::Snapshot(SnapshotCmd::Status { file })) => {
+            let info = store::snapshot::snapshot_status(&file).await.with_context(|| format!("reading snapshot {}", file.display()))?;
+            println!("revision: {}\nkeys: {}\nsize: {}\nhash: {}", info.revision, info.keys, info.size, info.hash);
+            Ok(())
+        }
+        Some(Cmd::Snapshot(SnapshotCmd::Restore { file })) => {
+            store::snapshot::snapshot_restore(&file, &cfg.data_dir)
+                .with_context(|| format!("restoring {} into {}", file.display(), cfg.data_dir.display()))?;
+            println!("restored {} into {}", file.display(), cfg.data_dir.display());
+            Ok(())
+        }
+    }
+}
+
+async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let st = server::open_store(&cfg).await.context("opening the datastore")?;
+    let handle = server::start(&cfg, st).await.context("starting skiff-server")?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing SIGTERM handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
+    }
+    // A second signal forces the exit while the drain runs.
+    tokio::select! {
+        _ = handle.shutdown() => {}
+        _ = term.recv() => tracing::warn!("second SIGTERM: exiting without draining"),
+    }
+    Ok(())
+}
