@@ -22,7 +22,11 @@ pub enum Error {
         source: serde_yaml::Error,
     },
     #[error("invalid {field} {value:?}: {why}")]
-    Invalid { field: &'static str, value: String, why: String },
+    Invalid {
+        field: &'static str,
+        value: String,
+        why: String,
+    },
 }
 
 /// Every setting as optional, for layering (the file uses the flag names).
@@ -49,7 +53,9 @@ impl Settings {
             bind_address: self.bind_address.or(other.bind_address),
             secure_port: self.secure_port.or(other.secure_port),
             datastore_endpoint: self.datastore_endpoint.or(other.datastore_endpoint),
-            service_cluster_ip_range: self.service_cluster_ip_range.or(other.service_cluster_ip_range),
+            service_cluster_ip_range: self
+                .service_cluster_ip_range
+                .or(other.service_cluster_ip_range),
             cluster_cidr: self.cluster_cidr.or(other.cluster_cidr),
             token_auth_file: self.token_auth_file.or(other.token_auth_file),
             tls_san: self.tls_san.or(other.tls_san),
@@ -61,8 +67,14 @@ impl Settings {
     /// # Errors
     /// Unreadable file, bad YAML, or unknown keys.
     pub fn from_file(path: &Path) -> Result<Settings, Error> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.display().to_string(), source })?;
-        serde_yaml::from_str(&text).map_err(|source| Error::Parse { path: path.display().to_string(), source })
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
+            path: path.display().to_string(),
+            source,
+        })
     }
 }
 
@@ -96,18 +108,36 @@ impl Config {
             None => flags,
         };
         let bind = s.bind_address.unwrap_or_else(|| "127.0.0.1".into());
-        let bind_address = bind
-            .parse()
-            .map_err(|_| Error::Invalid { field: "bind-address", value: bind.clone(), why: "not an IP address".into() })?;
-        let svc = s.service_cluster_ip_range.unwrap_or_else(|| DEFAULT_SERVICE_CIDR.into());
-        let service_cidr = crate::apiserver::ipalloc::Cidr::parse(&svc)
-            .map_err(|e| Error::Invalid { field: "service-cluster-ip-range", value: svc.clone(), why: e.to_string() })?;
-        let cluster_cidr = s.cluster_cidr.unwrap_or_else(|| DEFAULT_CLUSTER_CIDR.into());
-        crate::apiserver::ipalloc::Cidr::parse(&cluster_cidr)
-            .map_err(|e| Error::Invalid { field: "cluster-cidr", value: cluster_cidr.clone(), why: e.to_string() })?;
+        let bind_address = bind.parse().map_err(|_| Error::Invalid {
+            field: "bind-address",
+            value: bind.clone(),
+            why: "not an IP address".into(),
+        })?;
+        let svc = s
+            .service_cluster_ip_range
+            .unwrap_or_else(|| DEFAULT_SERVICE_CIDR.into());
+        let service_cidr =
+            crate::apiserver::ipalloc::Cidr::parse(&svc).map_err(|e| Error::Invalid {
+                field: "service-cluster-ip-range",
+                value: svc.clone(),
+                why: e.to_string(),
+            })?;
+        let cluster_cidr = s
+            .cluster_cidr
+            .unwrap_or_else(|| DEFAULT_CLUSTER_CIDR.into());
+        crate::apiserver::ipalloc::Cidr::parse(&cluster_cidr).map_err(|e| Error::Invalid {
+            field: "cluster-cidr",
+            value: cluster_cidr.clone(),
+            why: e.to_string(),
+        })?;
         let datastore_endpoints = s
             .datastore_endpoint
-            .map(|e| e.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+            .map(|e| {
+                e.split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
         Ok(Config {
             data_dir: s.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
@@ -130,8 +160,15 @@ mod tests {
     fn flags_win_over_file() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("c.yaml");
-        std::fs::write(&f, "secure-port: 7000\nbind-address: 0.0.0.0\nservice-cluster-ip-range: 198.19.0.0/16\n").unwrap();
-        let flags = Settings { secure_port: Some(8000), ..Default::default() };
+        std::fs::write(
+            &f,
+            "secure-port: 7000\nbind-address: 0.0.0.0\nservice-cluster-ip-range: 198.19.0.0/16\n",
+        )
+        .unwrap();
+        let flags = Settings {
+            secure_port: Some(8000),
+            ..Default::default()
+        };
         let c = Config::resolve(flags, Some(&f)).unwrap();
         assert_eq!(c.secure_port, 8000);
         assert_eq!(c.bind_address.to_string(), "0.0.0.0");

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use serde_json::json;
 
@@ -57,7 +57,11 @@ pub struct CertKey {
 }
 
 fn write_file(path: &Path, data: &str, private: bool) -> Result<()> {
-    let io = |source| Error::Io { what: "writing", path: path.display().to_string(), source };
+    let io = |source| Error::Io {
+        what: "writing",
+        path: path.display().to_string(),
+        source,
+    };
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, data).map_err(io)?;
     if private {
@@ -68,7 +72,11 @@ fn write_file(path: &Path, data: &str, private: bool) -> Result<()> {
 }
 
 fn read_file(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| Error::Io { what: "reading", path: path.display().to_string(), source })
+    std::fs::read_to_string(path).map_err(|source| Error::Io {
+        what: "reading",
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Validity window: from yesterday (clock skew) for `years`.
@@ -87,26 +95,45 @@ impl Pki {
     /// The directory cannot be written, or the stored CA cannot be parsed.
     pub fn load_or_create(data_dir: &Path) -> Result<Pki> {
         let dir = data_dir.join("pki");
-        std::fs::create_dir_all(&dir).map_err(|source| Error::Io { what: "creating", path: dir.display().to_string(), source })?;
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            what: "creating",
+            path: dir.display().to_string(),
+            source,
+        })?;
         let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
         if crt.exists() && key.exists() {
-            let pki = Pki { ca_pem: read_file(&crt)?, ca_key_pem: read_file(&key)?, dir };
+            let pki = Pki {
+                ca_pem: read_file(&crt)?,
+                ca_key_pem: read_file(&key)?,
+                dir,
+            };
             pki.issuer()?;
             return Ok(pki);
         }
         let kp = KeyPair::generate().map_err(cert_err("generating the CA key"))?;
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(cert_err("CA parameters"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(cert_err("CA parameters"))?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "skiff-ca");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         validity(&mut params, 10);
-        let cert = params.self_signed(&kp).map_err(cert_err("self-signing the CA"))?;
+        let cert = params
+            .self_signed(&kp)
+            .map_err(cert_err("self-signing the CA"))?;
         write_file(&key, &kp.serialize_pem(), true)?;
         write_file(&crt, &cert.pem(), false)?;
         tracing::info!(dir = %dir.display(), "created cluster CA");
-        Ok(Pki { dir, ca_pem: cert.pem(), ca_key_pem: kp.serialize_pem() })
+        Ok(Pki {
+            dir,
+            ca_pem: cert.pem(),
+            ca_key_pem: kp.serialize_pem(),
+        })
     }
 
     fn issuer(&self) -> Result<Issuer<'static, KeyPair>> {
@@ -121,13 +148,22 @@ impl Pki {
     /// DER of the CA certificate.
     pub fn ca_der(&self) -> Vec<u8> {
         use rustls::pki_types::{pem::PemObject, CertificateDer};
-        CertificateDer::from_pem_slice(self.ca_pem.as_bytes()).map(|c| c.to_vec()).unwrap_or_default()
+        CertificateDer::from_pem_slice(self.ca_pem.as_bytes())
+            .map(|c| c.to_vec())
+            .unwrap_or_default()
     }
 
     fn issue(&self, params: CertificateParams, what: &'static str) -> Result<CertKey> {
         let kp = KeyPair::generate().map_err(cert_err(what))?;
-        let cert = params.signed_by(&kp, &self.issuer()?).map_err(cert_err(what))?;
-        Ok(CertKey { cert_pem: cert.pem(), key_pem: kp.serialize_pem(), cert_der: cert.der().to_vec(), key_der: kp.serialize_der() })
+        let cert = params
+            .signed_by(&kp, &self.issuer()?)
+            .map_err(cert_err(what))?;
+        Ok(CertKey {
+            cert_pem: cert.pem(),
+            key_pem: kp.serialize_pem(),
+            cert_der: cert.der().to_vec(),
+            key_der: kp.serialize_der(),
+        })
     }
 
     /// Issue (and write) the serving certificate for `sans` (names or IPs).
@@ -135,7 +171,8 @@ impl Pki {
     /// # Errors
     /// Signing or writing fails.
     pub fn serving_cert(&self, sans: &[String]) -> Result<CertKey> {
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(cert_err("serving parameters"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(cert_err("serving parameters"))?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "skiff-apiserver");
         params.distinguished_name = dn;
@@ -152,7 +189,10 @@ impl Pki {
             params.subject_alt_names.push(san);
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         validity(&mut params, 1);
         let ck = self.issue(params, "issuing the serving certificate")?;
         write_file(&self.dir.join("server.crt"), &ck.cert_pem, false)?;
@@ -169,7 +209,8 @@ impl Pki {
         if groups.len() > 2 {
             return Err(Error::TooManyGroups(groups.len()));
         }
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(cert_err("client parameters"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(cert_err("client parameters"))?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, user);
         if let Some(g) = groups.first() {
@@ -181,7 +222,10 @@ impl Pki {
         }
         params.distinguished_name = dn;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         validity(&mut params, 1);
         self.issue(params, "issuing a client certificate")
     }
@@ -227,14 +271,19 @@ mod tests {
         let a = Pki::load_or_create(dir.path()).unwrap();
         let b = Pki::load_or_create(dir.path()).unwrap();
         assert_eq!(a.ca_pem(), b.ca_pem());
-        let ck = b.client_cert("system:node:n1", &["system:nodes".into(), "extra".into()]).unwrap();
+        let ck = b
+            .client_cert("system:node:n1", &["system:nodes".into(), "extra".into()])
+            .unwrap();
         let id = crate::auth::authn::identity_from_cert(&ck.cert_der).unwrap();
         assert_eq!(id.user, "system:node:n1");
         assert_eq!(id.node_name(), Some("n1"));
         assert!(id.in_group("extra"));
-        b.serving_cert(&["127.0.0.1".into(), "localhost".into()]).unwrap();
+        b.serving_cert(&["127.0.0.1".into(), "localhost".into()])
+            .unwrap();
         let kc = b.kubeconfig("https://127.0.0.1:6443", "bob", &[]).unwrap();
         assert!(kc.contains("client-certificate-data"));
-        assert!(b.client_cert("x", &["a".into(), "b".into(), "c".into()]).is_err());
+        assert!(b
+            .client_cert("x", &["a".into(), "b".into(), "c".into()])
+            .is_err());
     }
 }

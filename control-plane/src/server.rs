@@ -80,8 +80,10 @@ impl ServerHandle {
 /// The store cannot be opened.
 pub async fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, Error> {
     if cfg.datastore_endpoints.is_empty() {
-        std::fs::create_dir_all(&cfg.data_dir)
-            .map_err(|source| Error::DataDir { path: cfg.data_dir.display().to_string(), source })?;
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| Error::DataDir {
+            path: cfg.data_dir.display().to_string(),
+            source,
+        })?;
         let s = store::SqliteStore::open(cfg.data_dir.join(store::SQLITE_FILE)).await?;
         Ok(Arc::new(s))
     } else {
@@ -107,7 +109,9 @@ fn advertise_ip(cfg: &Config) -> std::net::IpAddr {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Start serving `store` as configured.
@@ -115,11 +119,18 @@ fn hostname() -> String {
 /// # Errors
 /// PKI, bind, TLS or bootstrap failures.
 pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, Error> {
-    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| Error::DataDir { path: cfg.data_dir.display().to_string(), source })?;
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|source| Error::DataDir {
+        path: cfg.data_dir.display().to_string(),
+        source,
+    })?;
     let pki = Pki::load_or_create(&cfg.data_dir)?;
     let addr = SocketAddr::new(cfg.bind_address, cfg.secure_port);
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
-    let addr = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| Error::Bind { addr, source })?;
 
     let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string(), hostname()];
     if !cfg.bind_address.is_unspecified() {
@@ -129,8 +140,16 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     let serving = pki.serving_cert(&sans)?;
     let tls = tls_config(&pki, &serving)?;
 
-    let host = if cfg.bind_address.is_unspecified() { "127.0.0.1".to_string() } else { cfg.bind_address.to_string() };
-    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    let host = if cfg.bind_address.is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        cfg.bind_address.to_string()
+    };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
     let url = format!("https://{host}:{}", addr.port());
     let admin_kubeconfig = pki.write_admin_kubeconfig(&cfg.data_dir, &url)?;
 
@@ -141,7 +160,16 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     let metrics = Arc::new(Metrics::default());
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let api = ApiServer::new(store, ApiConfig { service_cidr: cfg.service_cidr, advertise: Some((advertise_ip(cfg), addr.port())) }, authn, metrics, shutdown_rx.clone());
+    let api = ApiServer::new(
+        store,
+        ApiConfig {
+            service_cidr: cfg.service_cidr,
+            advertise: Some((advertise_ip(cfg), addr.port())),
+        },
+        authn,
+        metrics,
+        shutdown_rx.clone(),
+    );
     api.start_background().await?;
 
     tracing::info!(
@@ -150,21 +178,41 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         "skiff-server listening; admin kubeconfig at {}",
         admin_kubeconfig.display()
     );
-    let task = tokio::spawn(accept_loop(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)), api.clone(), shutdown_rx));
-    Ok(ServerHandle { addr, admin_kubeconfig, url, api, shutdown: shutdown_tx, task })
+    let task = tokio::spawn(accept_loop(
+        listener,
+        tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+        api.clone(),
+        shutdown_rx,
+    ));
+    Ok(ServerHandle {
+        addr,
+        admin_kubeconfig,
+        url,
+        api,
+        shutdown: shutdown_tx,
+        task,
+    })
 }
 
 fn tls_config(pki: &Pki, serving: &pki::CertKey) -> Result<rustls::ServerConfig, Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from(pki.ca_der())).map_err(|e| Error::Tls(format!("loading the CA: {e}")))?;
+    roots
+        .add(CertificateDer::from(pki.ca_der()))
+        .map_err(|e| Error::Tls(format!("loading the CA: {e}")))?;
     // Client certificates are optional (tokens and anonymous health checks
     // need none) but, when presented, must chain to the cluster CA.
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| Error::Tls(e.to_string()))?;
-    let chain = vec![CertificateDer::from(serving.cert_der.clone()), CertificateDer::from(pki.ca_der())];
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| Error::Tls(e.to_string()))?;
+    let chain = vec![
+        CertificateDer::from(serving.cert_der.clone()),
+        CertificateDer::from(pki.ca_der()),
+    ];
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(serving.key_der.clone()));
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -176,7 +224,12 @@ fn tls_config(pki: &Pki, serving: &pki::CertKey) -> Result<rustls::ServerConfig,
     Ok(cfg)
 }
 
-async fn accept_loop(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, api: Arc<ApiServer>, mut shutdown: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    api: Arc<ApiServer>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -198,13 +251,21 @@ async fn accept_loop(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor,
     // Connections drain on their own (graceful HTTP shutdown); give up on
     // stragglers after a grace period.
     let drain = async { while conns.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(5), drain).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), drain)
+        .await
+        .is_err()
+    {
         conns.abort_all();
     }
     tracing::info!("skiff-server stopped serving");
 }
 
-async fn serve_conn(tcp: tokio::net::TcpStream, acceptor: tokio_rustls::TlsAcceptor, api: Arc<ApiServer>, mut shutdown: watch::Receiver<bool>) {
+async fn serve_conn(
+    tcp: tokio::net::TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    api: Arc<ApiServer>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

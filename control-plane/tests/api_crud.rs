@@ -54,3 +54,75 @@ async fn events() {
     let s = TestServer::start().await;
     api_suite::events(&s).await;
 }
+
+/// kubectl's typed `create` commands send protobuf.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_create_generators_send_protobuf() {
+    let s = TestServer::start().await;
+    for args in [
+        &["create", "secret", "generic", "g-sec", "--from-literal=a=b"][..],
+        &["create", "configmap", "g-cm", "--from-literal=x=y"],
+        &["create", "namespace", "g-ns"],
+        &["create", "serviceaccount", "g-sa"],
+        &[
+            "create",
+            "rolebinding",
+            "g-rb",
+            "--clusterrole=view",
+            "--user=bob",
+        ],
+        &[
+            "create",
+            "clusterrole",
+            "g-cr",
+            "--verb=get",
+            "--resource=pods",
+        ],
+        &[
+            "create",
+            "deployment",
+            "g-d",
+            "--image=busybox:1",
+            "--replicas=2",
+            "--port=80",
+        ],
+        &[
+            "create",
+            "job",
+            "g-j",
+            "--image=busybox:1",
+            "--",
+            "echo",
+            "hi",
+        ],
+        &["create", "service", "nodeport", "g-svc", "--tcp=80:8080"],
+    ] {
+        api::ok(s.kubectl(args));
+    }
+    assert_eq!(
+        api::ok(s.kubectl(&["get", "secret", "g-sec", "-o", "jsonpath={.data.a}"])),
+        "Yg=="
+    );
+    assert_eq!(
+        api::ok(s.kubectl(&[
+            "get",
+            "deploy",
+            "g-d",
+            "-o",
+            "jsonpath={.spec.replicas} {.spec.template.spec.containers[0].image}"
+        ])),
+        "2 busybox:1"
+    );
+    let np = api::ok(s.kubectl(&[
+        "get",
+        "svc",
+        "g-svc",
+        "-o",
+        "jsonpath={.spec.ports[0].nodePort}",
+    ]));
+    assert!(
+        np.parse::<u16>()
+            .is_ok_and(|p| (30000..=32767).contains(&p)),
+        "{np}"
+    );
+}

@@ -26,11 +26,18 @@ fn report(name: &str, n: usize, latencies: &[Duration], total: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_raw_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join(SQLITE_FILE)).await.unwrap());
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join(SQLITE_FILE))
+            .await
+            .unwrap(),
+    );
     let (lat, total) = bench_raw_writes(store.clone(), 10_000, 32).await;
     report("sqlite", 10_000, &lat, total);
     assert_eq!(lat.len(), 10_000);
-    let listed = store.list("/registry/skiff-bench/", None, 0, None).await.unwrap();
+    let listed = store
+        .list("/registry/skiff-bench/", None, 0, None)
+        .await
+        .unwrap();
     assert_eq!(listed.kvs.len(), 10_000);
 }
 

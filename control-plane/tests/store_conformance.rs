@@ -48,17 +48,24 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
     assert_eq!(store.get(&format!("{p}/missing")).await.unwrap(), None);
 
     // update with compare-and-swap
-    let kv2 = store.update(&a, b"two".to_vec(), kv1.mod_revision).await.unwrap();
+    let kv2 = store
+        .update(&a, b"two".to_vec(), kv1.mod_revision)
+        .await
+        .unwrap();
     assert!(kv2.mod_revision > kv1.mod_revision);
     assert_eq!(kv2.create_revision, kv1.create_revision);
     match store.update(&a, b"stale".to_vec(), kv1.mod_revision).await {
-        Err(Error::Conflict { expected, actual, .. }) => {
+        Err(Error::Conflict {
+            expected, actual, ..
+        }) => {
             assert_eq!((expected, actual), (kv1.mod_revision, kv2.mod_revision))
         }
         other => panic!("stale update: expected Conflict, got {other:?}"),
     }
     assert!(matches!(
-        store.update(&format!("{p}/missing"), b"x".to_vec(), 1).await,
+        store
+            .update(&format!("{p}/missing"), b"x".to_vec(), 1)
+            .await,
         Err(Error::NotFound { .. })
     ));
     assert_eq!(store.get(&a).await.unwrap().unwrap().value, b"two");
@@ -85,16 +92,31 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
     let b = format!("{p}/b/");
     let mut originals = Vec::new();
     for i in 0..10 {
-        originals.push(store.create(&format!("{b}{i:02}"), format!("v{i}").into_bytes()).await.unwrap());
+        originals.push(
+            store
+                .create(&format!("{b}{i:02}"), format!("v{i}").into_bytes())
+                .await
+                .unwrap(),
+        );
     }
     let first = store.list(&b, None, 4, None).await.unwrap();
     assert_eq!(first.kvs, originals[..4].to_vec());
     assert!(first.more);
     let at = first.revision;
     assert_eq!(at, store.current_revision().await.unwrap());
-    store.update(&originals[0].key, b"changed".to_vec(), originals[0].mod_revision).await.unwrap();
+    store
+        .update(
+            &originals[0].key,
+            b"changed".to_vec(),
+            originals[0].mod_revision,
+        )
+        .await
+        .unwrap();
     store.delete(&originals[5].key, None).await.unwrap();
-    store.create(&format!("{b}10"), b"new".to_vec()).await.unwrap();
+    store
+        .create(&format!("{b}10"), b"new".to_vec())
+        .await
+        .unwrap();
     let mut seen: Vec<KeyValue> = first.kvs.clone();
     let mut more = first.more;
     while more {
@@ -105,7 +127,10 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
         seen.extend(page.kvs);
         more = page.more;
     }
-    assert_eq!(seen, originals, "paginated list at revision {at} must show that revision");
+    assert_eq!(
+        seen, originals,
+        "paginated list at revision {at} must show that revision"
+    );
     let now = store.list(&b, None, 0, None).await.unwrap();
     assert!(!now.more);
     let keys: Vec<&str> = now.kvs.iter().map(|kv| kv.key.as_str()).collect();
@@ -113,7 +138,10 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
     assert!(!keys.contains(&originals[5].key.as_str()));
     assert_eq!(now.kvs[0].value, b"changed");
     // the prefix does not leak into sibling keys
-    store.create(&format!("{p}/b0"), b"sibling".to_vec()).await.unwrap();
+    store
+        .create(&format!("{p}/b0"), b"sibling".to_vec())
+        .await
+        .unwrap();
     assert_eq!(store.list(&b, None, 0, None).await.unwrap().kvs.len(), 10);
     // a future revision is refused
     let cur = store.current_revision().await.unwrap();
@@ -132,7 +160,10 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
                 let k = format!("{p}/live/{i:03}");
                 let kv = store.create(&k, b"x".to_vec()).await.unwrap();
                 if i % 3 == 0 {
-                    store.update(&k, b"y".to_vec(), kv.mod_revision).await.unwrap();
+                    store
+                        .update(&k, b"y".to_vec(), kv.mod_revision)
+                        .await
+                        .unwrap();
                 }
                 if i % 5 == 0 {
                     store.delete(&k, None).await.unwrap();
@@ -149,10 +180,15 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
     let revs: Vec<i64> = events.iter().map(Event::revision).collect();
     let expected: Vec<i64> = (r0 + 1..=end).collect();
     assert_eq!(revs, expected, "every revision exactly once, in order");
-    assert!(events.iter().all(|e| key_of(e).starts_with(&format!("{p}/"))));
+    assert!(events
+        .iter()
+        .all(|e| key_of(e).starts_with(&format!("{p}/"))));
     // the first three events are a's create, update (with prev) and delete
     match &events[1] {
-        Event::Put { kv, prev: Some(prev) } => {
+        Event::Put {
+            kv,
+            prev: Some(prev),
+        } => {
             assert_eq!((kv, prev), (&kv2, &kv1));
         }
         other => panic!("expected the update of {a} with its previous value, got {other:?}"),
@@ -163,9 +199,15 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
     }
     assert!(matches!(&events[0], Event::Put { prev: None, .. }));
     // and it stays live
-    let kv = store.create(&format!("{p}/after"), b"z".to_vec()).await.unwrap();
+    let kv = store
+        .create(&format!("{p}/after"), b"z".to_vec())
+        .await
+        .unwrap();
     match next_event(&mut w).await {
-        Event::Put { kv: got, prev: None } => assert_eq!(got, kv),
+        Event::Put {
+            kv: got,
+            prev: None,
+        } => assert_eq!(got, kv),
         other => panic!("expected the live create, got {other:?}"),
     }
     drop(w);
@@ -174,17 +216,29 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
     let before = store.current_revision().await.unwrap();
     store.compact(before).await.unwrap();
     store.compact(before).await.unwrap(); // again: no-op
-    assert!(matches!(store.watch(&format!("{p}/"), r0).await, Err(Error::Compacted { .. })));
+    assert!(matches!(
+        store.watch(&format!("{p}/"), r0).await,
+        Err(Error::Compacted { .. })
+    ));
     assert!(matches!(
         store.list(&b, None, 0, Some(at)).await,
         Err(Error::Compacted { .. })
     ));
-    assert_eq!(store.list(&b, None, 0, Some(before)).await.unwrap().kvs, now.kvs);
+    assert_eq!(
+        store.list(&b, None, 0, Some(before)).await.unwrap().kvs,
+        now.kvs
+    );
     assert_eq!(store.get(&a).await.unwrap(), Some(kv3.clone()));
     let mut w = store.watch(&format!("{p}/"), before).await.unwrap();
-    let kv = store.update(&a, b"four".to_vec(), kv3.mod_revision).await.unwrap();
+    let kv = store
+        .update(&a, b"four".to_vec(), kv3.mod_revision)
+        .await
+        .unwrap();
     match next_event(&mut w).await {
-        Event::Put { kv: got, prev: Some(prev) } => assert_eq!((got, prev), (kv, kv3)),
+        Event::Put {
+            kv: got,
+            prev: Some(prev),
+        } => assert_eq!((got, prev), (kv, kv3)),
         other => panic!("expected the update after compaction, got {other:?}"),
     }
 }
@@ -199,12 +253,22 @@ async fn sqlite_conformance_and_durability() {
     // durability across reopen: values, revisions, history and counter
     let rev = store.current_revision().await.unwrap();
     let listed = store.list("/registry/", None, 0, None).await.unwrap();
-    let kv = store.create("/registry/last", b"durable".to_vec()).await.unwrap();
+    let kv = store
+        .create("/registry/last", b"durable".to_vec())
+        .await
+        .unwrap();
     drop(store);
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(store.current_revision().await.unwrap(), kv.mod_revision);
     assert_eq!(store.get("/registry/last").await.unwrap(), Some(kv.clone()));
-    assert_eq!(store.list("/registry/", None, 0, Some(rev)).await.unwrap().kvs, listed.kvs);
+    assert_eq!(
+        store
+            .list("/registry/", None, 0, Some(rev))
+            .await
+            .unwrap()
+            .kvs,
+        listed.kvs
+    );
     let next = store.create("/registry/next", b"n".to_vec()).await.unwrap();
     assert!(next.mod_revision > kv.mod_revision);
     // a watch from before the reopen replays from the log
@@ -226,16 +290,24 @@ async fn etcd_conformance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_slow_watcher_catches_up_from_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join(SQLITE_FILE)).await.unwrap();
+    let store = SqliteStore::open(dir.path().join(SQLITE_FILE))
+        .await
+        .unwrap();
     let start = store.current_revision().await.unwrap();
     let mut w = store.watch("/registry/slow/", start).await.unwrap();
     // more single-write commits than the hub keeps, plus noise on another prefix
     let mut expected = Vec::new();
     for i in 0..1300 {
-        let kv = store.create(&format!("/registry/slow/{i:05}"), b"v".to_vec()).await.unwrap();
+        let kv = store
+            .create(&format!("/registry/slow/{i:05}"), b"v".to_vec())
+            .await
+            .unwrap();
         expected.push(kv.mod_revision);
         if i % 100 == 0 {
-            store.create(&format!("/registry/other/{i}"), b"o".to_vec()).await.unwrap();
+            store
+                .create(&format!("/registry/other/{i}"), b"o".to_vec())
+                .await
+                .unwrap();
         }
     }
     let mut got = Vec::new();
@@ -245,13 +317,25 @@ async fn sqlite_slow_watcher_catches_up_from_the_log() {
     assert_eq!(got, expected);
 
     // and a watcher left behind compaction ends with Compacted
-    let mut w = store.watch("/registry/slow/", store.current_revision().await.unwrap()).await.unwrap();
+    let mut w = store
+        .watch("/registry/slow/", store.current_revision().await.unwrap())
+        .await
+        .unwrap();
     for i in 0..1100 {
-        store.create(&format!("/registry/lag/{i:05}"), b"v".to_vec()).await.unwrap();
+        store
+            .create(&format!("/registry/lag/{i:05}"), b"v".to_vec())
+            .await
+            .unwrap();
     }
-    store.compact(store.current_revision().await.unwrap()).await.unwrap();
+    store
+        .compact(store.current_revision().await.unwrap())
+        .await
+        .unwrap();
     // the first read finds the hub overrun, re-reads the log, finds it compacted
-    match tokio::time::timeout(Duration::from_secs(10), w.next()).await.unwrap() {
+    match tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .unwrap()
+    {
         Some(Err(Error::Compacted { .. })) => {}
         other => panic!("expected Compacted for a watcher behind compaction, got {other:?}"),
     }

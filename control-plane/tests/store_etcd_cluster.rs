@@ -14,7 +14,8 @@ use etcd_support::EtcdCluster;
 async fn leader(cluster: &EtcdCluster) -> usize {
     for _ in 0..100 {
         for (i, m) in cluster.members.iter().enumerate() {
-            let Ok(mut c) = etcd_client::Client::connect([m.client_url.as_str()], None).await else {
+            let Ok(mut c) = etcd_client::Client::connect([m.client_url.as_str()], None).await
+            else {
                 continue;
             };
             if let Ok(s) = c.status().await {
@@ -69,14 +70,27 @@ async fn three_members_lose_the_leader_while_writing() {
         "acknowledged {} writes ({after_kill} after killing leader m{victim}), {failures} failed attempts",
         acked.len()
     );
-    assert!(after_kill > 100, "the two remaining members must keep accepting writes");
+    assert!(
+        after_kill > 100,
+        "the two remaining members must keep accepting writes"
+    );
 
     // every acknowledged write is there, at its revision, through the survivors
     let survivors = EtcdStore::connect(&cluster.endpoints()).await.unwrap();
     for (key, rev, _) in &acked {
-        let kv = survivors.get(key).await.unwrap().unwrap_or_else(|| panic!("{key} lost"));
-        assert_eq!((kv.mod_revision, kv.value.as_slice()), (*rev, key.as_bytes()));
+        let kv = survivors
+            .get(key)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key} lost"));
+        assert_eq!(
+            (kv.mod_revision, kv.value.as_slice()),
+            (*rev, key.as_bytes())
+        );
     }
-    let listed = survivors.list("/registry/ha/", None, 0, None).await.unwrap();
+    let listed = survivors
+        .list("/registry/ha/", None, 0, None)
+        .await
+        .unwrap();
     assert!(listed.kvs.len() >= acked.len());
 }

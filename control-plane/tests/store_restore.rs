@@ -19,13 +19,19 @@ async fn write_objects(store: &Arc<dyn Store>) -> BTreeMap<String, KeyValue> {
     let mut live = BTreeMap::new();
     for i in 0..60 {
         let key = format!("/registry/drill/obj-{i:03}");
-        let kv = store.create(&key, format!("v1-{i}").into_bytes()).await.unwrap();
+        let kv = store
+            .create(&key, format!("v1-{i}").into_bytes())
+            .await
+            .unwrap();
         live.insert(key, kv);
     }
     for i in (0..60).step_by(3) {
         let key = format!("/registry/drill/obj-{i:03}");
         let old = live[&key].mod_revision;
-        let kv = store.update(&key, format!("v2-{i}").into_bytes(), old).await.unwrap();
+        let kv = store
+            .update(&key, format!("v2-{i}").into_bytes(), old)
+            .await
+            .unwrap();
         live.insert(key, kv);
     }
     for i in (0..60).step_by(7) {
@@ -38,17 +44,30 @@ async fn write_objects(store: &Arc<dyn Store>) -> BTreeMap<String, KeyValue> {
 
 async fn check_restored(store: &Arc<dyn Store>, live: &BTreeMap<String, KeyValue>, snap_rev: i64) {
     let listed = store.list("/registry/drill/", None, 0, None).await.unwrap();
-    let got: BTreeMap<String, KeyValue> =
-        listed.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+    let got: BTreeMap<String, KeyValue> = listed
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key.clone(), kv))
+        .collect();
     assert_eq!(&got, live, "every object back at its mod_revision");
     for (key, kv) in live {
         assert_eq!(store.get(key).await.unwrap().as_ref(), Some(kv));
     }
-    let new = store.create("/registry/drill/after-restore", b"new".to_vec()).await.unwrap();
-    assert!(new.mod_revision > snap_rev, "{} must be > {snap_rev}", new.mod_revision);
+    let new = store
+        .create("/registry/drill/after-restore", b"new".to_vec())
+        .await
+        .unwrap();
+    assert!(
+        new.mod_revision > snap_rev,
+        "{} must be > {snap_rev}",
+        new.mod_revision
+    );
     // an object from before the snapshot can still be updated with its revision
     let (key, kv) = live.iter().next().unwrap();
-    store.update(key, b"updated".to_vec(), kv.mod_revision).await.unwrap();
+    store
+        .update(key, b"updated".to_vec(), kv.mod_revision)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -56,7 +75,8 @@ async fn sqlite_restore_drill() {
     let root = tempfile::tempdir().unwrap();
     let data_dir = root.path().join("data");
     let snap = root.path().join("backup.snap");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(data_dir.join(SQLITE_FILE)).await.unwrap());
+    let store: Arc<dyn Store> =
+        Arc::new(SqliteStore::open(data_dir.join(SQLITE_FILE)).await.unwrap());
     let live = write_objects(&store).await;
     let rev = store.current_revision().await.unwrap();
 
@@ -68,7 +88,10 @@ async fn sqlite_restore_drill() {
     assert_eq!(snapshot_status(&snap).await.unwrap(), info);
     assert_eq!(snapshot_format(&snap).unwrap(), SnapshotFormat::Sqlite);
     // writes after the snapshot are lost with the directory
-    store.create("/registry/drill/too-late", b"x".to_vec()).await.unwrap();
+    store
+        .create("/registry/drill/too-late", b"x".to_vec())
+        .await
+        .unwrap();
     drop(store);
 
     std::fs::remove_dir_all(&data_dir).unwrap();
@@ -76,7 +99,8 @@ async fn sqlite_restore_drill() {
     // restore never overwrites a live database
     assert!(snapshot_restore(&snap, &data_dir).is_err());
 
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(data_dir.join(SQLITE_FILE)).await.unwrap());
+    let store: Arc<dyn Store> =
+        Arc::new(SqliteStore::open(data_dir.join(SQLITE_FILE)).await.unwrap());
     assert_eq!(store.current_revision().await.unwrap(), rev);
     assert_eq!(store.get("/registry/drill/too-late").await.unwrap(), None);
     check_restored(&store, &live, rev).await;

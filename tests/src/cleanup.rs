@@ -28,7 +28,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Write;
 use std::net::Ipv4Addr;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
@@ -646,7 +645,12 @@ fn runc_netns(runc_root: &Path) -> Vec<PathBuf> {
         {
             for ns in namespaces {
                 if ns["type"] == "NEWNET" {
-                    if let Some(path) = ns["path"].as_str().filter(|p| p.starts_with(NETNS_DIR)) {
+                    // The sandbox's pinned netns (containers join it via
+                    // /proc/<pid>/ns/net, which is nothing to remove).
+                    let pinned = ns["path"]
+                        .as_str()
+                        .filter(|p| !p.is_empty() && !p.starts_with("/proc/"));
+                    if let Some(path) = pinned {
                         out.push(PathBuf::from(path));
                     }
                 }
@@ -1144,11 +1148,6 @@ pub fn overlaps(a: (Ipv4Addr, u8), b: (Ipv4Addr, u8)) -> bool {
     let len = a.1.min(b.1);
     let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
     (u32::from(a.0) & mask) == (u32::from(b.0) & mask)
-}
-
-/// Inode of a network namespace file (to compare with `/proc/<pid>/ns/net`).
-pub fn netns_inode(path: &Path) -> Option<u64> {
-    fs::metadata(path).ok().map(|m| m.ino())
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! # async fn demo() -> anyhow::Result<()> {
 //! let containerd = skiff_tests::Containerd::start().await?;
 //! let version = containerd.client().version(Default::default()).await?;
-//! containerd.cleanup().await; // or just drop it
+//! containerd.cleanup().await?; // or just drop it
 //! # Ok(()) }
 //! ```
 
@@ -76,6 +76,10 @@ impl ContainerdBuilder {
     }
 
     /// Lets containerd pull from a loopback [`Registry`] over plain HTTP.
+    ///
+    /// containerd 1.6.20 already falls back to plain HTTP for `127.0.0.1`
+    /// hosts without any configuration; the explicit mirror keeps that true
+    /// for runtimes and versions that do not.
     pub fn registry(self, registry: &Registry) -> Self {
         let host = registry.host();
         let endpoint = format!("http://{host}");
@@ -334,23 +338,26 @@ impl Containerd {
         self.start_again().await
     }
 
-    /// Removes everything (see the type's guarantees) and reports what could
-    /// not be removed on stderr. Equivalent to dropping, but async-friendly:
-    /// the CRI part runs on the caller's runtime.
-    pub async fn cleanup(mut self) {
+    /// Removes everything (see the type's guarantees). Equivalent to
+    /// dropping, but async-friendly (the CRI part runs on the caller's
+    /// runtime) and it reports failures instead of printing them.
+    ///
+    /// # Errors
+    /// Lists every step that failed; all steps run regardless.
+    pub async fn cleanup(mut self) -> Result<()> {
         self.cleaned = true;
-        let (netns, mut errors) = match tokio::time::timeout(
-            Duration::from_secs(60),
-            cleanup::cri_teardown(&self.client),
-        )
-        .await
-        {
-            Ok(r) if self.child.is_some() => r,
-            Ok(_) => (Vec::new(), Vec::new()),
-            Err(_) => (
-                Vec::new(),
-                vec![anyhow!("CRI teardown timed out after 60 s")],
-            ),
+        let (netns, mut errors) = if self.child.is_none() {
+            // Stopped: there is no CRI to ask; runc and the rest remain.
+            (Vec::new(), Vec::new())
+        } else {
+            let teardown = cleanup::cri_teardown(&self.client);
+            match tokio::time::timeout(Duration::from_secs(60), teardown).await {
+                Ok(r) => r,
+                Err(_) => (
+                    Vec::new(),
+                    vec![anyhow!("CRI teardown timed out after 60 s")],
+                ),
+            }
         };
         let record = self.record.clone();
         let mut child = self.child.take();
@@ -361,7 +368,15 @@ impl Containerd {
             Ok(e) => errors.extend(e),
             Err(e) => errors.push(anyhow!("teardown task: {e}")),
         }
-        cleanup::report(&self.record.id, &errors);
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = errors.iter().map(|e| format!("{e:#}")).collect();
+        bail!(
+            "cleanup of run {} incomplete: {}",
+            self.record.id,
+            list.join("; ")
+        )
     }
 
     /// Polls CRI `Status` until RuntimeReady and NetworkReady are true.

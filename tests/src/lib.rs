@@ -17,6 +17,8 @@
 //!   digests, and side-loading through `ctr images import`.
 //! - [`registry`]: a read-only OCI distribution registry on
 //!   127.0.0.1:<random port> (axum) for real CRI `PullImage` tests.
+//! - [`agent`]: a `skiff-agent` process run against a fixture's containerd
+//!   (root, logs and static pod dir inside the run directory).
 //! - [`cleanup`]: teardown in dependency order (CRI, containerd, runc,
 //!   shims, mounts, netns, bridge, iptables/nft, directory, subnet lease),
 //!   run from `Drop` even after a panic, and a sweeper that tears down runs
@@ -24,6 +26,8 @@
 //!
 //! Everything here needs root and only touches loopback and addresses the
 //! fixture created (198.18.0.0/15).
+
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod cleanup;

@@ -301,6 +301,28 @@ async fn fixture_runs_a_pod_survives_restart_and_leaves_nothing_behind() -> Resu
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_cleans_up_when_a_test_panics() -> Result<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let containerd = Containerd::start().await.expect("fixture starts");
+        let pod = run_pod(&containerd, "panics").await.expect("pod runs");
+        let _ = tx.send((containerd.record().clone(), pod.netns));
+        panic!("a failing test; unwinding drops the fixture");
+    });
+    let joined = task.await;
+    ensure!(
+        joined.as_ref().is_err_and(|e| e.is_panic()),
+        "the task should have panicked"
+    );
+    let (record, netns) = rx
+        .await
+        .context("the task panicked before running its pod")?;
+    let left = cleanup::leftovers(&record, &netns);
+    ensure!(left.is_empty(), "left behind: {left:#?}");
+    Ok(())
+}
+
 /// Env var that turns [`sigkill_victim`] on; without it that test is a no-op.
 const VICTIM_ENV: &str = "SKIFF_TESTS_SIGKILL_VICTIM";
 
@@ -460,7 +482,7 @@ async fn pulls_through_the_loopback_registry() -> Result<()> {
 
     // The explicit, async cleanup path.
     let record = containerd.record().clone();
-    containerd.cleanup().await;
+    containerd.cleanup().await?;
     let left = cleanup::leftovers(&record, &[]);
     ensure!(left.is_empty(), "left behind: {left:#?}");
     registry.shutdown().await;

@@ -10,7 +10,6 @@ pub mod state;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use cri_proto::{v1, CriClient};
 
@@ -182,18 +181,11 @@ impl Runtime {
             container_id: id.to_string(),
             timeout: grace,
         };
-        // StopContainer legitimately takes the whole grace period: give the
-        // call that long on top of the usual deadline.
-        let after = self.cri.default_timeout() + Duration::from_secs(grace as u64);
-        let socket = self.cri.socket().to_path_buf();
-        let method = "StopContainer";
-        let mut client = self.cri.runtime();
-        let mut request = tonic::Request::new(req);
-        request.set_timeout(after);
-        match tokio::time::timeout(after, client.stop_container(request)).await {
-            Err(_) => Err(Error::Timeout { method, socket, after }),
-            Ok(Err(status)) if status.code() != tonic::Code::NotFound => Err(Error::Status { method, socket, status }),
-            Ok(_) => Ok(()),
+        // The client's deadline for StopContainer already adds the
+        // request's timeout to the default one.
+        match self.cri.stop_container(req).await {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
         }
     }
 

@@ -23,7 +23,11 @@ fn system_req(group: &str, plural: &str, ns: Option<&str>) -> Req {
         query: Query::default(),
         headers: http::HeaderMap::new(),
         identity: Identity::new("system:apiserver", vec!["system:masters".into()]),
-        attrs: Attributes { verb: "create".into(), resource_request: true, ..Default::default() },
+        attrs: Attributes {
+            verb: "create".into(),
+            resource_request: true,
+            ..Default::default()
+        },
     }
 }
 
@@ -42,14 +46,34 @@ async fn ensure(api: &ApiServer, r: &Req, obj: Value) -> ApiResult<()> {
 pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
     let ns_req = system_req("", "namespaces", None);
     for ns in NAMESPACES {
-        ensure(api, &ns_req, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).await?;
+        ensure(
+            api,
+            &ns_req,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await?;
     }
     for obj in bootstrap::cluster_roles() {
-        let plural = if obj["kind"] == "ClusterRole" { "clusterroles" } else { "clusterrolebindings" };
-        ensure(api, &system_req("rbac.authorization.k8s.io", plural, None), obj).await?;
+        let plural = if obj["kind"] == "ClusterRole" {
+            "clusterroles"
+        } else {
+            "clusterrolebindings"
+        };
+        ensure(
+            api,
+            &system_req("rbac.authorization.k8s.io", plural, None),
+            obj,
+        )
+        .await?;
     }
-    let list = api.store.list("/registry/core/services/", None, 0, None).await?;
-    let fresh = !list.kvs.iter().any(|kv| kv.key == "/registry/core/services/default/kubernetes");
+    let list = api
+        .store
+        .list("/registry/core/services/", None, 0, None)
+        .await?;
+    let fresh = !list
+        .kvs
+        .iter()
+        .any(|kv| kv.key == "/registry/core/services/default/kubernetes");
     for kv in list.kvs {
         if let Ok(v) = serde_json::from_slice::<Value>(&kv.value) {
             if let Some(ip) = v["spec"]["clusterIP"].as_str() {
@@ -72,7 +96,9 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
 /// whose endpoints point at this server, as upstream's bootstrap controller
 /// keeps them.
 async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
-    let Some((ip, port)) = api.advertise else { return Ok(()) };
+    let Some((ip, port)) = api.advertise else {
+        return Ok(());
+    };
     let svc = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},

@@ -47,7 +47,9 @@ pub fn apply(def: &ResourceDef, obj: &mut Value) {
         ("batch", "Job") => {
             let spec = obj_field(obj, "spec");
             set(spec, "parallelism", json!(1));
-            if !spec.contains_key("completions") && spec.get("completionMode").and_then(Value::as_str) != Some("Indexed") {
+            if !spec.contains_key("completions")
+                && spec.get("completionMode").and_then(Value::as_str) != Some("Indexed")
+            {
                 spec.insert("completions".into(), json!(1));
             }
             set(spec, "backoffLimit", json!(6));
@@ -61,7 +63,11 @@ pub fn apply(def: &ResourceDef, obj: &mut Value) {
             let spec = obj_field(obj, "spec");
             set(spec, "type", json!("ClusterIP"));
             set(spec, "sessionAffinity", json!("None"));
-            let ty = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
+            let ty = spec
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("ClusterIP")
+                .to_string();
             if ty != "ExternalName" {
                 set(spec, "internalTrafficPolicy", json!("Cluster"));
             }
@@ -80,7 +86,10 @@ pub fn apply(def: &ResourceDef, obj: &mut Value) {
             }
         }
         ("", "Namespace") => {
-            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = obj["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             let meta = obj_field(obj, "metadata");
             let labels = obj_field_map(meta, "labels");
             labels.insert("kubernetes.io/metadata.name".into(), json!(name));
@@ -101,7 +110,10 @@ pub fn apply(def: &ResourceDef, obj: &mut Value) {
                 if let Some(d) = data.as_object_mut() {
                     for (k, v) in sd {
                         let s = v.as_str().unwrap_or_default();
-                        d.insert(k, json!(base64::engine::general_purpose::STANDARD.encode(s)));
+                        d.insert(
+                            k,
+                            json!(base64::engine::general_purpose::STANDARD.encode(s)),
+                        );
                     }
                 }
             }
@@ -111,7 +123,11 @@ pub fn apply(def: &ResourceDef, obj: &mut Value) {
 }
 
 fn template(spec: &mut Map<String, Value>) {
-    if let Some(ps) = spec.get_mut("template").and_then(|t| t.get_mut("spec")).and_then(Value::as_object_mut) {
+    if let Some(ps) = spec
+        .get_mut("template")
+        .and_then(|t| t.get_mut("spec"))
+        .and_then(Value::as_object_mut)
+    {
         pod_spec(ps, false);
     }
 }
@@ -129,16 +145,24 @@ pub fn pod_spec(spec: &mut Map<String, Value>, admission: bool) {
         set(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
         set(spec, "priority", json!(0));
         set(spec, "serviceAccountName", json!("default"));
-        let sa = spec.get("serviceAccountName").cloned().unwrap_or(json!("default"));
+        let sa = spec
+            .get("serviceAccountName")
+            .cloned()
+            .unwrap_or(json!("default"));
         set(spec, "serviceAccount", sa);
         // DefaultTolerationSeconds admission: evict after 5 minutes on an
         // unreachable or not-ready node unless the pod says otherwise.
         let tol = spec.entry("tolerations").or_insert_with(|| json!([]));
         if let Some(list) = tol.as_array_mut() {
-            for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+            for key in [
+                "node.kubernetes.io/not-ready",
+                "node.kubernetes.io/unreachable",
+            ] {
                 let has = list.iter().any(|t| {
                     t.get("key").and_then(Value::as_str) == Some(key)
-                        && t.get("effect").and_then(Value::as_str).is_none_or(|e| e == "NoExecute")
+                        && t.get("effect")
+                            .and_then(Value::as_str)
+                            .is_none_or(|e| e == "NoExecute")
                 });
                 if !has {
                     list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
@@ -156,7 +180,11 @@ pub fn pod_spec(spec: &mut Map<String, Value>, admission: bool) {
 }
 
 fn container(c: &mut Map<String, Value>) {
-    let image = c.get("image").and_then(Value::as_str).unwrap_or_default().to_string();
+    let image = c
+        .get("image")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     set(c, "imagePullPolicy", json!(pull_policy(&image)));
     set(c, "terminationMessagePath", json!("/dev/termination-log"));
     set(c, "terminationMessagePolicy", json!("File"));
@@ -196,7 +224,9 @@ fn obj_field_map<'a>(m: &'a mut Map<String, Value>, k: &str) -> &'a mut Map<Stri
     if !m.get(k).is_some_and(Value::is_object) {
         m.insert(k.to_string(), json!({}));
     }
-    m.get_mut(k).and_then(Value::as_object_mut).expect("just inserted")
+    m.get_mut(k)
+        .and_then(Value::as_object_mut)
+        .expect("just inserted")
 }
 
 #[cfg(test)]
@@ -219,8 +249,12 @@ mod tests {
         apply(lookup("", "v1", "pods").unwrap(), &mut pod);
         assert_eq!(pod["spec"]["restartPolicy"], "Always");
         assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
-        assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent");
-        let mut d = json!({"metadata": {"name": "d"}, "spec": {"template": {"spec": {"containers": []}}}});
+        assert_eq!(
+            pod["spec"]["containers"][0]["imagePullPolicy"],
+            "IfNotPresent"
+        );
+        let mut d =
+            json!({"metadata": {"name": "d"}, "spec": {"template": {"spec": {"containers": []}}}});
         apply(lookup("apps", "v1", "deployments").unwrap(), &mut d);
         assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
         assert_eq!(d["spec"]["replicas"], 1);

@@ -86,13 +86,21 @@ pub fn group_version(group: &str, version: &str) -> Option<Value> {
             list.push(s);
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}),
+    )
 }
 
 /// Whether the Accept header asks for aggregated discovery v2.
 pub fn wants_aggregated(accept: &str) -> bool {
-    accept.split(',').any(|a| a.contains("as=APIGroupDiscoveryList") && a.contains("v=v2") && !a.contains("v=v2beta1"))
+    accept.split(',').any(|a| {
+        a.contains("as=APIGroupDiscoveryList") && a.contains("v=v2") && !a.contains("v=v2beta1")
+    })
 }
 
 /// Aggregated discovery (`APIGroupDiscoveryList`) for `/api` (core only) or
@@ -140,7 +148,8 @@ pub fn aggregated(core: bool) -> Value {
 }
 
 /// Content-Type of an aggregated discovery answer.
-pub const AGGREGATED_CONTENT_TYPE: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
 #[cfg(test)]
 mod tests {
@@ -149,12 +158,22 @@ mod tests {
     #[test]
     fn documents() {
         let v1 = group_version("", "v1").unwrap();
-        let pods = v1["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods").unwrap();
+        let pods = v1["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "pods")
+            .unwrap();
         assert_eq!(pods["shortNames"], json!(["po"]));
         assert_eq!(pods["categories"], json!(["all"]));
         assert!(group_version("nope", "v1").is_none());
-        assert!(wants_aggregated("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"));
+        assert!(wants_aggregated(
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
+        ));
         assert!(!wants_aggregated("application/json"));
-        assert_eq!(aggregated(false)["items"].as_array().unwrap().len(), resources::groups().len());
+        assert_eq!(
+            aggregated(false)["items"].as_array().unwrap().len(),
+            resources::groups().len()
+        );
     }
 }

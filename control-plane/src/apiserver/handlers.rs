@@ -10,12 +10,16 @@ use bytes::Bytes;
 use http::Response;
 use serde_json::{json, Value};
 
-use super::objects::{self, decode_stored, encode_for_store, meta_mut};
+use super::convert;
+use super::objects::{self, meta_mut};
 use super::patch::{self, PatchType};
 use super::resources::{self, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause};
-use super::{check_type_meta, decode_body, defaults, json_response, table, validation, with_warnings, ApiServer, Req};
+use super::{
+    check_type_meta, decode_body, defaults, json_response, table, validation, with_warnings,
+    ApiServer, Req,
+};
 use crate::store::{self, KeyValue};
 
 /// How often a write that lost a compare-and-swap without a client
@@ -31,12 +35,26 @@ fn object_response(r: &Req, code: u16, obj: &Value) -> Response<Body> {
     if table::wants_table(r.accept()) {
         let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"].clone()});
         let inc = r.query.get("includeObject").unwrap_or("Metadata");
-        return json_response(code, &table::table(r.def, std::slice::from_ref(obj), meta, inc, true));
+        return json_response(
+            code,
+            &table::table(r.def, std::slice::from_ref(obj), meta, inc, true),
+        );
+    }
+    if table::wants_metadata(r.accept()) {
+        return json_response(code, &table::partial_metadata(obj));
     }
     json_response(code, obj)
 }
 
 pub(crate) async fn get(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Body>> {
+    let raw = !convert::converts(r.def) && !table::wants_table(r.accept()) && !table::wants_metadata(r.accept());
+    if raw {
+        let kv = api.store.get(&r.key()).await.map_err(|e| store_err(r, e))?;
+        let kv = kv.ok_or_else(|| ApiError::not_found(r.def.group, r.def.plural, r.name()))?;
+        if let Some(b) = objects::splice_resource_version(&kv.value, kv.mod_revision) {
+            return Ok(super::bytes_response(200, b));
+        }
+    }
     let obj = get_object(api, r).await?.1;
     Ok(object_response(r, 200, &obj))
 }
@@ -45,7 +63,7 @@ pub(crate) async fn get(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Bod
 pub(crate) async fn get_object(api: &ApiServer, r: &Req) -> ApiResult<(KeyValue, Value)> {
     let kv = api.store.get(&r.key()).await.map_err(|e| store_err(r, e))?;
     let kv = kv.ok_or_else(|| ApiError::not_found(r.def.group, r.def.plural, r.name()))?;
-    let obj = decode_stored(&kv.value, kv.mod_revision)
+    let obj = convert::decode(r.def, &kv.value, kv.mod_revision)
         .ok_or_else(|| ApiError::internal(format!("stored object {} is not valid JSON", kv.key)))?;
     Ok((kv, obj))
 }
@@ -82,11 +100,29 @@ pub(crate) fn selectors(r: &Req) -> ApiResult<(LabelSelector, FieldSelector)> {
 }
 
 /// One page of matching objects: (items, list revision, continue token).
-pub(crate) async fn list_objects(api: &ApiServer, r: &Req) -> ApiResult<(Vec<Value>, i64, Option<String>)> {
+pub(crate) async fn list_objects(
+    api: &ApiServer,
+    r: &Req,
+) -> ApiResult<(Vec<Value>, i64, Option<String>)> {
+    let (kvs, rev, cont) = list_raw(api, r).await?;
+    let items = kvs
+        .iter()
+        .filter_map(|kv| convert::decode(r.def, &kv.value, kv.mod_revision))
+        .collect();
+    Ok((items, rev, cont))
+}
+
+/// One page of matching stored values, unparsed where the selectors allow.
+pub(crate) async fn list_raw(
+    api: &ApiServer,
+    r: &Req,
+) -> ApiResult<(Vec<KeyValue>, i64, Option<String>)> {
     let (ls, fs) = selectors(r)?;
     let prefix = r.def.prefix(r.ns.as_deref());
     let limit: usize = match r.query.get("limit") {
-        Some(l) => l.parse().map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+        Some(l) => l
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
         None => 0,
     };
     let (mut revision, mut start_after) = match r.query.get("continue") {
@@ -96,9 +132,33 @@ pub(crate) async fn list_objects(api: &ApiServer, r: &Req) -> ApiResult<(Vec<Val
         }
         None => (None, None),
     };
+    let select_all = ls.is_empty() && fs.is_empty();
+    // Labels, names and namespaces are checked on a metadata-only parse.
+    let cheap = fs.metadata_only();
+    let matches = |kv: &KeyValue| -> bool {
+        if select_all {
+            return true;
+        }
+        let obj = if cheap {
+            objects::lite_metadata(&kv.value)
+        } else {
+            convert::decode(r.def, &kv.value, kv.mod_revision)
+        };
+        obj.is_some_and(|o| ls.matches(&o) && fs.matches(&o))
+    };
     let mut items = Vec::new();
     loop {
-        let page = match api.store.list(&prefix, start_after.as_deref(), limit, revision).await {
+        // With a selector most keys may not match: read bigger pages.
+        let fetch = if limit > 0 && !select_all {
+            (limit * 4).max(500)
+        } else {
+            limit
+        };
+        let page = match api
+            .store
+            .list(&prefix, start_after.as_deref(), fetch, revision)
+            .await
+        {
             Ok(p) => p,
             Err(store::Error::Compacted { .. }) if r.query.get("continue").is_some() => {
                 return Err(ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list."));
@@ -109,12 +169,12 @@ pub(crate) async fn list_objects(api: &ApiServer, r: &Req) -> ApiResult<(Vec<Val
         let n = page.kvs.len();
         for (i, kv) in page.kvs.into_iter().enumerate() {
             start_after = Some(kv.key.clone());
-            let Some(obj) = decode_stored(&kv.value, kv.mod_revision) else { continue };
-            if ls.matches(&obj) && fs.matches(&obj) {
-                items.push(obj);
+            if matches(&kv) {
+                let key = kv.key.clone();
+                items.push(kv);
                 if limit > 0 && items.len() == limit {
                     let more = i + 1 < n || page.more;
-                    let tok = more.then(|| encode_continue(page.revision, &kv.key));
+                    let tok = more.then(|| encode_continue(page.revision, &key));
                     return Ok((items, page.revision, tok));
                 }
             }
@@ -126,20 +186,60 @@ pub(crate) async fn list_objects(api: &ApiServer, r: &Req) -> ApiResult<(Vec<Val
 }
 
 pub(crate) async fn list(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Body>> {
-    let (items, rev, cont) = list_objects(api, r).await?;
+    let (kvs, rev, cont) = list_raw(api, r).await?;
     let mut meta = json!({"resourceVersion": rev.to_string()});
     if let Some(c) = cont {
         meta["continue"] = json!(c);
     }
-    if table::wants_table(r.accept()) {
-        let inc = r.query.get("includeObject").unwrap_or("Metadata");
-        return Ok(json_response(200, &table::table(r.def, &items, meta, inc, true)));
+    if table::wants_table(r.accept()) || table::wants_metadata(r.accept()) {
+        let items: Vec<Value> = kvs
+            .iter()
+            .filter_map(|kv| convert::decode(r.def, &kv.value, kv.mod_revision))
+            .collect();
+        if table::wants_table(r.accept()) {
+            let inc = r.query.get("includeObject").unwrap_or("Metadata");
+            return Ok(json_response(
+                200,
+                &table::table(r.def, &items, meta, inc, true),
+            ));
+        }
+        let items: Vec<Value> = items.iter().map(table::partial_metadata).collect();
+        return Ok(json_response(
+            200,
+            &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
+        ));
     }
-    let items: Vec<Value> = items;
-    Ok(json_response(
-        200,
-        &json!({"kind": r.def.list_kind(), "apiVersion": r.def.api_version(), "metadata": meta, "items": items}),
-    ))
+    // The common case: splice stored bytes into the list without parsing
+    // them (memory and CPU stay proportional to the bytes, not the objects).
+    let mut body =
+        Vec::with_capacity(kvs.iter().map(|kv| kv.value.len() + 32).sum::<usize>() + 256);
+    body.extend_from_slice(
+        format!(
+            r#"{{"kind":"{}","apiVersion":"{}","metadata":{},"items":["#,
+            r.def.list_kind(),
+            r.def.api_version(),
+            meta
+        )
+        .as_bytes(),
+    );
+    let mut first = true;
+    for kv in &kvs {
+        let spliced = if convert::converts(r.def) { None } else { objects::splice_resource_version(&kv.value, kv.mod_revision) };
+        let item = match spliced {
+            Some(b) => b,
+            None => match convert::decode(r.def, &kv.value, kv.mod_revision) {
+                Some(v) => serde_json::to_vec(&v).unwrap_or_default(),
+                None => continue,
+            },
+        };
+        if !first {
+            body.push(b',');
+        }
+        first = false;
+        body.extend_from_slice(&item);
+    }
+    body.extend_from_slice(b"]}");
+    Ok(super::bytes_response(200, body))
 }
 
 /// Unknown fields under `fieldValidation`: Strict fails, Warn (the
@@ -148,9 +248,15 @@ fn field_validation(r: &Req, unknown: &[String]) -> ApiResult<Vec<String>> {
     if unknown.is_empty() {
         return Ok(Vec::new());
     }
-    let msgs: Vec<String> = unknown.iter().map(|f| format!("unknown field {f:?}")).collect();
+    let msgs: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field {f:?}"))
+        .collect();
     match r.query.get("fieldValidation").unwrap_or("Warn") {
-        "Strict" => Err(ApiError::bad_request(format!("strict decoding error: {}", msgs.join(", ")))),
+        "Strict" => Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            msgs.join(", ")
+        ))),
         "Ignore" => Ok(Vec::new()),
         _ => Ok(msgs),
     }
@@ -160,7 +266,12 @@ fn field_validation(r: &Req, unknown: &[String]) -> ApiResult<Vec<String>> {
 /// fieldValidation warnings.
 fn typed(r: &Req, obj: &Value) -> ApiResult<(Value, Vec<String>)> {
     let (canonical, unknown) = validation::decode_typed(r.def, obj).map_err(|e| {
-        ApiError::bad_request(format!("{} in version {:?} cannot be handled as a {}: {e}", r.def.kind, r.def.api_version(), r.def.kind))
+        ApiError::bad_request(format!(
+            "{} in version {:?} cannot be handled as a {}: {e}",
+            r.def.kind,
+            r.def.api_version(),
+            r.def.kind
+        ))
     })?;
     let warnings = field_validation(r, &unknown)?;
     Ok((canonical, warnings))
@@ -173,6 +284,12 @@ fn is_dry_run(r: &Req) -> bool {
 /// Namespace lifecycle admission: the namespace must exist and not be
 /// terminating for anything to be created in it.
 async fn check_namespace(api: &ApiServer, ns: &str) -> ApiResult<()> {
+    // A namespace seen active within the last second is taken as still
+    // active (upstream's lifecycle admission reads an informer cache, which
+    // lags the same way); deletes of namespaces clear the entry.
+    if api.namespace_recently_active(ns) {
+        return Ok(());
+    }
     let key = format!("/registry/core/namespaces/{ns}");
     let kv = api.store.get(&key).await.map_err(ApiError::from)?;
     let Some(kv) = kv else {
@@ -181,26 +298,42 @@ async fn check_namespace(api: &ApiServer, ns: &str) -> ApiResult<()> {
     let v: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
     if objects::has_deletion_timestamp(&v) || v["status"]["phase"] == "Terminating" {
         return Err(ApiError {
-            details: Some(json!({"name": ns, "kind": "namespaces", "causes": [{"reason": "NamespaceTerminating", "message": format!("namespace {ns} is being terminated"), "field": "metadata.namespace"}]})),
-            ..ApiError::forbidden(format!("unable to create new content in namespace {ns} because it is being terminated"))
+            details: Some(
+                json!({"name": ns, "kind": "namespaces", "causes": [{"reason": "NamespaceTerminating", "message": format!("namespace {ns} is being terminated"), "field": "metadata.namespace"}]}),
+            ),
+            ..ApiError::forbidden(format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            ))
         });
     }
+    api.note_namespace_active(ns);
     Ok(())
 }
 
-pub(crate) async fn create(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
+pub(crate) async fn create(
+    api: &Arc<ApiServer>,
+    r: &Req,
+    body: Bytes,
+) -> ApiResult<Response<Body>> {
     let obj = decode_body(&body, r.content_type())?;
     let (obj, warnings) = create_value(api, r, obj).await?;
     Ok(with_warnings(object_response(r, 201, &obj), &warnings))
 }
 
 /// The create pipeline for an already decoded body.
-pub(crate) async fn create_value(api: &ApiServer, r: &Req, mut obj: Value) -> ApiResult<(Value, Vec<String>)> {
+pub(crate) async fn create_value(
+    api: &ApiServer,
+    r: &Req,
+    mut obj: Value,
+) -> ApiResult<(Value, Vec<String>)> {
     let def = r.def;
     check_type_meta(def, &mut obj)?;
     let body_ns = objects::namespace(&obj).map(String::from);
     if def.namespaced {
-        let ns = r.ns.clone().or(body_ns.clone()).ok_or_else(|| ApiError::bad_request("the namespace of the object must be set"))?;
+        let ns =
+            r.ns.clone()
+                .or(body_ns.clone())
+                .ok_or_else(|| ApiError::bad_request("the namespace of the object must be set"))?;
         if body_ns.as_ref().is_some_and(|b| *b != ns) {
             return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
         }
@@ -215,7 +348,12 @@ pub(crate) async fn create_value(api: &ApiServer, r: &Req, mut obj: Value) -> Ap
                 meta_mut(&mut obj).insert("name".into(), json!(name));
             }
             None => {
-                return Err(ApiError::invalid(def.kind, def.group, "", vec![Cause::required("metadata.name")]));
+                return Err(ApiError::invalid(
+                    def.kind,
+                    def.group,
+                    "",
+                    vec![Cause::required("metadata.name")],
+                ));
             }
         }
     }
@@ -225,7 +363,13 @@ pub(crate) async fn create_value(api: &ApiServer, r: &Req, mut obj: Value) -> Ap
         let m = meta_mut(&mut obj);
         m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         m.insert("creationTimestamp".into(), json!(objects::now_rfc3339()));
-        for k in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "managedFields"] {
+        for k in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "managedFields",
+        ] {
             m.remove(k);
         }
         if def.status {
@@ -249,13 +393,17 @@ pub(crate) async fn create_value(api: &ApiServer, r: &Req, mut obj: Value) -> Ap
     if def.namespaced {
         check_namespace(api, objects::namespace(&obj).unwrap_or_default()).await?;
     }
-    let allocated = if def.is("", "services") { allocate_service(api, &mut obj, None)? } else { Vec::new() };
+    let allocated = if def.is("", "services") {
+        allocate_service(api, &mut obj, None)?
+    } else {
+        Vec::new()
+    };
     if is_dry_run(r) {
         release(api, &allocated);
         return Ok((obj, warnings));
     }
     let key = def.key(objects::namespace(&obj), &name);
-    match api.store.create(&key, encode_for_store(&obj)).await {
+    match api.store.create(&key, convert::encode(def, &obj)).await {
         Ok(kv) => {
             meta_mut(&mut obj).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
             Ok((obj, warnings))
@@ -273,6 +421,7 @@ fn reset_status_on_create(def: &ResourceDef, obj: &mut Value) {
     match (def.group, def.kind) {
         ("", "Pod") => obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(obj)}),
         ("", "Node") | ("", "Namespace") => {}
+        ("", "Service") => obj["status"] = json!({"loadBalancer": {}}),
         _ if def.status => {
             if let Some(m) = obj.as_object_mut() {
                 m.insert("status".into(), json!({}));
@@ -319,8 +468,14 @@ fn job_selector(obj: &mut Value) {
     if obj["spec"]["manualSelector"].as_bool() == Some(true) {
         return;
     }
-    let uid = obj["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let uid = obj["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     obj["spec"]["selector"] = json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}});
     let tmpl = &mut obj["spec"]["template"];
     if !tmpl["metadata"].is_object() {
@@ -353,29 +508,73 @@ fn release(api: &ApiServer, allocated: &[Allocated]) {
 }
 
 /// ClusterIP and NodePorts for a service; on update, `old` keeps its own.
-pub(crate) fn allocate_service(api: &ApiServer, obj: &mut Value, old: Option<&Value>) -> ApiResult<Vec<Allocated>> {
+pub(crate) fn allocate_service(
+    api: &ApiServer,
+    obj: &mut Value,
+    old: Option<&Value>,
+) -> ApiResult<Vec<Allocated>> {
     let name = objects::name(obj).unwrap_or_default().to_string();
-    let invalid = |field: &str, value: &str, e: super::ipalloc::Error| ApiError::invalid("Service", "", &name, vec![Cause::invalid(field, value, &e.to_string())]);
+    let invalid = |field: &str, value: &str, e: super::ipalloc::Error| {
+        ApiError::invalid(
+            "Service",
+            "",
+            &name,
+            vec![Cause::invalid(field, value, &e.to_string())],
+        )
+    };
     let mut out = Vec::new();
-    let ty = obj["spec"]["type"].as_str().unwrap_or("ClusterIP").to_string();
+    let ty = obj["spec"]["type"]
+        .as_str()
+        .unwrap_or("ClusterIP")
+        .to_string();
     if ty == "ExternalName" {
         return Ok(out);
     }
-    let old_ip = old.and_then(|o| o["spec"]["clusterIP"].as_str()).unwrap_or_default().to_string();
-    let want = obj["spec"]["clusterIP"].as_str().unwrap_or_default().to_string();
+    let old_ip = old
+        .and_then(|o| o["spec"]["clusterIP"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let want = obj["spec"]["clusterIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let ip = if !old_ip.is_empty() && (want.is_empty() || want == old_ip) {
         old_ip
     } else if !old_ip.is_empty() {
-        return Err(ApiError::invalid("Service", "", &name, vec![Cause::invalid("spec.clusterIPs[0]", &want, "may not change once set")]));
+        return Err(ApiError::invalid(
+            "Service",
+            "",
+            &name,
+            vec![Cause::invalid(
+                "spec.clusterIPs[0]",
+                &want,
+                "may not change once set",
+            )],
+        ));
     } else if want == "None" {
         "None".to_string()
     } else {
         let want_ip = if want.is_empty() {
             None
         } else {
-            Some(want.parse().map_err(|_| ApiError::invalid("Service", "", &name, vec![Cause::invalid("spec.clusterIP", &want, "must be a valid IP address")]))?)
+            Some(want.parse().map_err(|_| {
+                ApiError::invalid(
+                    "Service",
+                    "",
+                    &name,
+                    vec![Cause::invalid(
+                        "spec.clusterIP",
+                        &want,
+                        "must be a valid IP address",
+                    )],
+                )
+            })?)
         };
-        let ip = api.ips.allocate(want_ip).map_err(|e| invalid("spec.clusterIPs", &want, e))?.to_string();
+        let ip = api
+            .ips
+            .allocate(want_ip)
+            .map_err(|e| invalid("spec.clusterIPs", &want, e))?
+            .to_string();
         out.push(Allocated::Ip(ip.clone()));
         ip
     };
@@ -395,15 +594,22 @@ pub(crate) fn allocate_service(api: &ApiServer, obj: &mut Value, old: Option<&Va
         if let Some(ports) = obj["spec"]["ports"].as_array_mut() {
             for (i, p) in ports.iter_mut().enumerate() {
                 let port = p["port"].as_i64().unwrap_or(0);
-                let keep = old_ports.iter().find(|(op, _)| *op == port).map(|(_, np)| *np);
-                match (p["nodePort"].as_i64(), keep) {
+                let keep = old_ports
+                    .iter()
+                    .find(|(op, _)| *op == port)
+                    .map(|(_, np)| *np);
+                // 0 means "unset" (protobuf clients send it for an absent port).
+                match (p["nodePort"].as_i64().filter(|n| *n != 0), keep) {
                     (Some(np), Some(k)) if np == k => {}
                     (None, Some(k)) => p["nodePort"] = json!(k),
                     (want, _) => {
-                        let np = api
-                            .ips
-                            .allocate_port(want.map(|w| w as u16))
-                            .map_err(|e| invalid(&format!("spec.ports[{i}].nodePort"), &want.unwrap_or(0).to_string(), e))?;
+                        let np = api.ips.allocate_port(want.map(|w| w as u16)).map_err(|e| {
+                            invalid(
+                                &format!("spec.ports[{i}].nodePort"),
+                                &want.unwrap_or(0).to_string(),
+                                e,
+                            )
+                        })?;
                         out.push(Allocated::Port(np));
                         p["nodePort"] = json!(np);
                     }
@@ -427,7 +633,12 @@ fn release_service(api: &ApiServer, svc: &Value) {
 
 /// Merge an incoming object into the stored one the way upstream's update
 /// strategies do. `sub` is `Some("status")` for the status subresource.
-pub(crate) fn prepare_update(def: &ResourceDef, sub: Option<&str>, old: &Value, new: Value) -> Value {
+pub(crate) fn prepare_update(
+    def: &ResourceDef,
+    sub: Option<&str>,
+    old: &Value,
+    new: Value,
+) -> Value {
     let mut new = new;
     if sub == Some("status") {
         // Status writes change status only (ResetObjectMetaForStatus).
@@ -448,7 +659,15 @@ pub(crate) fn prepare_update(def: &ResourceDef, sub: Option<&str>, old: &Value, 
     let om = old.get("metadata").cloned().unwrap_or(json!({}));
     {
         let m = meta_mut(&mut new);
-        for k in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "name", "generation"] {
+        for k in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "namespace",
+            "name",
+            "generation",
+        ] {
             match om.get(k) {
                 Some(v) => m.insert(k.to_string(), v.clone()),
                 None => m.remove(k),
@@ -496,7 +715,11 @@ pub(crate) async fn write_update(
     if let Some(node) = r.node() {
         super::node_admit(node, &r.attrs, Some(old), Some(&new)).map_err(ApiError::forbidden)?;
     }
-    let allocated = if def.is("", "services") && r.sub.is_none() { allocate_service(api, &mut new, Some(old))? } else { Vec::new() };
+    let allocated = if def.is("", "services") && r.sub.is_none() {
+        allocate_service(api, &mut new, Some(old))?
+    } else {
+        Vec::new()
+    };
     if is_dry_run(r) {
         release(api, &allocated);
         return Ok(Attempt::Done(new));
@@ -504,9 +727,19 @@ pub(crate) async fn write_update(
     // Finalizers gone from an object being deleted: it goes now.
     let finished = objects::has_deletion_timestamp(&new)
         && objects::finalizers(&new).is_empty()
-        && !(def.is("", "pods") && new["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) > 0)
-        && !(def.is("", "namespaces") && new["spec"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()));
-    let result = api.store.update(&cur.key, encode_for_store(&new), cur.mod_revision).await;
+        && !(def.is("", "pods")
+            && new["metadata"]["deletionGracePeriodSeconds"]
+                .as_i64()
+                .unwrap_or(0)
+                > 0)
+        && !(def.is("", "namespaces")
+            && new["spec"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty()));
+    let result = api
+        .store
+        .update(&cur.key, convert::encode(def, &new), cur.mod_revision)
+        .await;
     match result {
         Ok(kv) => {
             meta_mut(&mut new).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
@@ -534,7 +767,11 @@ pub(crate) async fn write_update(
     }
 }
 
-pub(crate) async fn update(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
+pub(crate) async fn update(
+    api: &Arc<ApiServer>,
+    r: &Req,
+    body: Bytes,
+) -> ApiResult<Response<Body>> {
     let mut obj = decode_body(&body, r.content_type())?;
     check_type_meta(r.def, &mut obj)?;
     if let Some(n) = objects::name(&obj) {
@@ -569,7 +806,8 @@ pub(crate) async fn update(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiRes
 }
 
 pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
-    let pt = PatchType::from_content_type(r.content_type()).ok_or_else(|| ApiError::unsupported_media(r.content_type()))?;
+    let pt = PatchType::from_content_type(r.content_type())
+        .ok_or_else(|| ApiError::unsupported_media(r.content_type()))?;
     if body.is_empty() {
         return Err(ApiError::bad_request("the patch body is empty"));
     }
@@ -591,12 +829,16 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
         let mut patched = patched;
         check_type_meta(r.def, &mut patched)?;
         let patched_rv = objects::meta_str(&patched, "resourceVersion").map(String::from);
-        let precondition = patched_rv.as_deref().is_some_and(|rv| rv != cur.mod_revision.to_string());
+        let precondition = patched_rv
+            .as_deref()
+            .is_some_and(|rv| rv != cur.mod_revision.to_string());
         if precondition {
             return Err(ApiError::stale(r.def.group, r.def.plural, r.name()));
         }
         if objects::name(&patched) != Some(r.name()) {
-            return Err(ApiError::bad_request("the patch may not change metadata.name"));
+            return Err(ApiError::bad_request(
+                "the patch may not change metadata.name",
+            ));
         }
         let (patched, warnings) = typed(r, &patched)?;
         let new = prepare_update(r.def, r.sub.as_deref(), &old, patched);
@@ -624,27 +866,38 @@ pub(crate) fn delete_options(r: &Req, body: &[u8]) -> ApiResult<DeleteOptions> {
             .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
         o.grace = v["gracePeriodSeconds"].as_i64();
         o.uid = v["preconditions"]["uid"].as_str().map(String::from);
-        o.resource_version = v["preconditions"]["resourceVersion"].as_str().map(String::from);
+        o.resource_version = v["preconditions"]["resourceVersion"]
+            .as_str()
+            .map(String::from);
         o.propagation = v["propagationPolicy"].as_str().map(String::from);
         if v["orphanDependents"].as_bool() == Some(true) && o.propagation.is_none() {
             o.propagation = Some("Orphan".into());
         }
     }
     if let Some(g) = r.query.get("gracePeriodSeconds") {
-        o.grace = Some(g.parse().map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}")))?);
+        o.grace = Some(
+            g.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}")))?,
+        );
     }
     if let Some(p) = r.query.get("propagationPolicy") {
         o.propagation = Some(p.to_string());
     }
     if let Some(p) = &o.propagation {
         if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
-            return Err(ApiError::bad_request(format!("invalid propagationPolicy {p:?}: must be Orphan, Background or Foreground")));
+            return Err(ApiError::bad_request(format!(
+                "invalid propagationPolicy {p:?}: must be Orphan, Background or Foreground"
+            )));
         }
     }
     Ok(o)
 }
 
-pub(crate) async fn delete(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
+pub(crate) async fn delete(
+    api: &Arc<ApiServer>,
+    r: &Req,
+    body: Bytes,
+) -> ApiResult<Response<Body>> {
     let opts = delete_options(r, &body)?;
     let obj = delete_one(api, r, &opts).await?;
     Ok(object_response(r, 200, &obj))
@@ -673,13 +926,17 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
         let mut keep = false;
         let now = objects::now_rfc3339();
         if r.def.is("", "namespaces") {
+            api.forget_namespace(r.name());
             // The namespace controller empties it, then clears spec.finalizers.
             if !objects::has_deletion_timestamp(&old) {
                 meta_mut(&mut marked).insert("deletionTimestamp".into(), json!(now));
                 meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
             }
             marked["status"]["phase"] = json!("Terminating");
-            keep = marked["spec"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()) || !objects::finalizers(&marked).is_empty();
+            keep = marked["spec"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+                || !objects::finalizers(&marked).is_empty();
         } else {
             let mut finalizers = objects::finalizers(&old);
             let add = match opts.propagation.as_deref() {
@@ -702,7 +959,8 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
                         let at = chrono::Utc::now() + chrono::Duration::seconds(grace);
                         let ts = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                         meta_mut(&mut marked).insert("deletionTimestamp".into(), json!(ts));
-                        meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(grace));
+                        meta_mut(&mut marked)
+                            .insert("deletionGracePeriodSeconds".into(), json!(grace));
                     }
                     keep = true;
                 } else if objects::has_deletion_timestamp(&old) {
@@ -725,9 +983,14 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
             if marked == old {
                 return Ok(old);
             }
-            match api.store.update(&cur.key, encode_for_store(&marked), cur.mod_revision).await {
+            match api
+                .store
+                .update(&cur.key, convert::encode(r.def, &marked), cur.mod_revision)
+                .await
+            {
                 Ok(kv) => {
-                    meta_mut(&mut marked).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
+                    meta_mut(&mut marked)
+                        .insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
                     return Ok(marked);
                 }
                 Err(store::Error::Conflict { .. }) => continue,
@@ -753,18 +1016,28 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
 /// The grace period a pod deletion gets: none for pods never bound to a
 /// node or already finished (nothing runs that must stop).
 fn pod_grace(pod: &Value, asked: Option<i64>) -> i64 {
-    let bound = pod["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
+    let bound = pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
     let phase = pod["status"]["phase"].as_str().unwrap_or_default();
     if !bound || phase == "Succeeded" || phase == "Failed" {
         return 0;
     }
-    let g = asked.unwrap_or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_i64().unwrap_or(30));
+    let g = asked.unwrap_or_else(|| {
+        pod["spec"]["terminationGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(30)
+    });
     // Upstream turns a requested 0 into 1 for bound pods unless forced; the
     // node then finishes the deletion right away. Honour 0 as immediate.
     g.max(0)
 }
 
-pub(crate) async fn delete_collection(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
+pub(crate) async fn delete_collection(
+    api: &Arc<ApiServer>,
+    r: &Req,
+    body: Bytes,
+) -> ApiResult<Response<Body>> {
     let opts = delete_options(r, &body)?;
     let (items, rev, _) = list_objects(api, r).await?;
     let mut deleted = Vec::new();

@@ -8,7 +8,12 @@ use super::request::Query;
 use super::{text_response, ApiServer};
 
 pub(crate) async fn check(api: &ApiServer, path: &str, query: &Query) -> Response<Body> {
-    let endpoint = path.trim_matches('/').split('/').next().unwrap_or("healthz").to_string();
+    let endpoint = path
+        .trim_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("healthz")
+        .to_string();
     let backend = api.store.backend();
     let mut checks: Vec<(String, Result<(), String>)> = vec![("ping".into(), Ok(()))];
     // Liveness must not depend on the datastore (a slow etcd would get a
@@ -29,12 +34,16 @@ pub(crate) async fn check(api: &ApiServer, path: &str, query: &Query) -> Respons
     if let Some(one) = path.trim_matches('/').split('/').nth(1) {
         checks.retain(|(n, _)| n == one);
         if checks.is_empty() {
-            return text_response(404, format!("no such check {one:?}\n"), "text/plain; charset=utf-8");
+            return text_response(
+                404,
+                format!("no such check {one:?}\n"),
+                "text/plain; charset=utf-8",
+            );
         }
     }
     let failed = checks.iter().any(|(_, r)| r.is_err());
     let code = if failed { 500 } else { 200 };
-    if !failed && query.0.get("verbose").is_none() {
+    if !failed && !query.0.contains_key("verbose") {
         return text_response(code, "ok".into(), "text/plain; charset=utf-8");
     }
     let mut out = String::new();

@@ -21,7 +21,9 @@ pub enum Error {
     Full,
     #[error("provided port {0} is already allocated")]
     PortTaken(u16),
-    #[error("provided port {0} is not in the valid range. The range of valid ports is 30000-32767")]
+    #[error(
+        "provided port {0} is not in the valid range. The range of valid ports is 30000-32767"
+    )]
     PortOutOfRange(u16),
 }
 
@@ -41,7 +43,10 @@ impl Cidr {
             return Err(Error::BadCidr(s.into()));
         }
         let mask = u32::MAX << (32 - bits);
-        Ok(Cidr { base: u32::from(ip) & mask, bits })
+        Ok(Cidr {
+            base: u32::from(ip) & mask,
+            bits,
+        })
     }
     pub fn size(&self) -> u32 {
         1u32 << (32 - self.bits)
@@ -74,7 +79,13 @@ struct State {
 
 impl Allocator {
     pub fn new(cidr: Cidr) -> Self {
-        Allocator { cidr, state: Mutex::new(State { next: 2, ..Default::default() }) }
+        Allocator {
+            cidr,
+            state: Mutex::new(State {
+                next: 2,
+                ..Default::default()
+            }),
+        }
     }
 
     /// The first address (`.1`), which upstream gives the `kubernetes` service.
@@ -86,7 +97,11 @@ impl Allocator {
     pub fn mark(&self, ip: &str) {
         if let Ok(ip) = ip.parse::<Ipv4Addr>() {
             if self.cidr.contains(ip) {
-                self.state.lock().expect("alloc lock").ips.insert(u32::from(ip));
+                self.state
+                    .lock()
+                    .expect("alloc lock")
+                    .ips
+                    .insert(u32::from(ip));
             }
         }
     }
@@ -113,7 +128,11 @@ impl Allocator {
         // and the broadcast address.
         for _ in 0..size {
             let off = st.next;
-            st.next = if st.next + 1 >= size - 1 { 2 } else { st.next + 1 };
+            st.next = if st.next + 1 >= size - 1 {
+                2
+            } else {
+                st.next + 1
+            };
             let ip = self.cidr.base + off;
             if off >= 2 && off < size - 1 && st.ips.insert(ip) {
                 return Ok(Ipv4Addr::from(ip));
@@ -124,7 +143,11 @@ impl Allocator {
 
     pub fn release(&self, ip: &str) {
         if let Ok(ip) = ip.parse::<Ipv4Addr>() {
-            self.state.lock().expect("alloc lock").ips.remove(&u32::from(ip));
+            self.state
+                .lock()
+                .expect("alloc lock")
+                .ips
+                .remove(&u32::from(ip));
         }
     }
 
@@ -167,8 +190,14 @@ mod tests {
         assert_eq!(got[0], "198.19.0.2".parse::<Ipv4Addr>().unwrap());
         assert_eq!(a.allocate(None), Err(Error::Full));
         a.release("198.19.0.4");
-        assert_eq!(a.allocate(None).unwrap(), "198.19.0.4".parse::<Ipv4Addr>().unwrap());
-        assert!(matches!(a.allocate(Some("10.0.0.1".parse().unwrap())), Err(Error::OutOfRange(..))));
+        assert_eq!(
+            a.allocate(None).unwrap(),
+            "198.19.0.4".parse::<Ipv4Addr>().unwrap()
+        );
+        assert!(matches!(
+            a.allocate(Some("10.0.0.1".parse().unwrap())),
+            Err(Error::OutOfRange(..))
+        ));
         assert!(Cidr::parse("nope").is_err());
     }
 }

@@ -11,6 +11,7 @@
 //! - [`health`]: /healthz, /livez, /readyz; [`bootstrap`]: first-start objects
 
 pub mod bootstrap;
+pub mod convert;
 pub mod defaults;
 pub mod discovery;
 pub mod handlers;
@@ -19,6 +20,9 @@ pub mod ipalloc;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
+pub mod protobuf;
+#[rustfmt::skip]
+pub mod protobuf_schema;
 pub mod request;
 pub mod resources;
 pub mod selectors;
@@ -67,6 +71,8 @@ pub struct ApiServer {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ips: ipalloc::Allocator,
     pub(crate) advertise: Option<(std::net::IpAddr, u16)>,
+    /// Namespaces found active, and when (namespace lifecycle admission).
+    active_namespaces: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
     /// Flips to true on shutdown; watch streams end when it does.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
 }
@@ -85,16 +91,23 @@ pub(crate) struct Req {
 
 impl Req {
     pub fn key(&self) -> String {
-        self.def.key(self.ns.as_deref(), self.name.as_deref().unwrap_or_default())
+        self.def
+            .key(self.ns.as_deref(), self.name.as_deref().unwrap_or_default())
     }
     pub fn name(&self) -> &str {
         self.name.as_deref().unwrap_or_default()
     }
     pub fn content_type(&self) -> &str {
-        self.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json")
+        self.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
     }
     pub fn accept(&self) -> &str {
-        self.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("")
+        self.headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
     }
     pub fn node(&self) -> Option<&str> {
         self.identity.node_name()
@@ -118,6 +131,7 @@ impl ApiServer {
             metrics,
             ips: ipalloc::Allocator::new(cfg.service_cidr),
             advertise: cfg.advertise,
+            active_namespaces: Default::default(),
             shutdown,
         })
     }
@@ -129,8 +143,33 @@ impl ApiServer {
     pub async fn start_background(self: &Arc<Self>) -> ApiResult<()> {
         bootstrap::run(self).await?;
         self.rbac.relist(self.store.as_ref()).await?;
-        tokio::spawn(self.rbac.clone().sync(self.store.clone(), self.shutdown.clone()));
+        tokio::spawn(
+            self.rbac
+                .clone()
+                .sync(self.store.clone(), self.shutdown.clone()),
+        );
         Ok(())
+    }
+
+    pub(crate) fn namespace_recently_active(&self, ns: &str) -> bool {
+        let m = self.active_namespaces.lock().expect("namespace cache lock");
+        m.get(ns)
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
+    }
+
+    pub(crate) fn note_namespace_active(&self, ns: &str) {
+        let mut m = self.active_namespaces.lock().expect("namespace cache lock");
+        if m.len() > 10_000 {
+            m.clear();
+        }
+        m.insert(ns.to_string(), Instant::now());
+    }
+
+    pub(crate) fn forget_namespace(&self, ns: &str) {
+        self.active_namespaces
+            .lock()
+            .expect("namespace cache lock")
+            .remove(ns);
     }
 
     /// The store this server writes (tests compact it to provoke 410s).
@@ -144,13 +183,20 @@ impl ApiServer {
 
     /// Serve one request. `peer` is the identity of a verified client
     /// certificate, if the connection presented one.
-    pub async fn handle(self: &Arc<Self>, req: Request<Body>, peer: Option<Identity>) -> Response<Body> {
+    pub async fn handle(
+        self: &Arc<Self>,
+        req: Request<Body>,
+        peer: Option<Identity>,
+    ) -> Response<Body> {
         let start = Instant::now();
         let path = req.uri().path().to_string();
         let query = Query::parse(req.uri().query());
         let target = request::parse_path(&path);
         let (verb, resource) = match &target {
-            Target::Resource(p) => (request::verb(req.method(), p, &query).to_uppercase(), p.resource.clone()),
+            Target::Resource(p) => (
+                request::verb(req.method(), p, &query).to_uppercase(),
+                p.resource.clone(),
+            ),
             _ => (req.method().as_str().to_string(), String::new()),
         };
         let fut = self.route(req, target, query, peer);
@@ -159,14 +205,23 @@ impl ApiServer {
             Ok(Err(e)) => error_response(&e),
             Err(_) => {
                 tracing::error!(path, "request handler panicked");
-                error_response(&ApiError::internal("the server failed while handling this request"))
+                error_response(&ApiError::internal(
+                    "the server failed while handling this request",
+                ))
             }
         };
-        self.metrics.observe_request(&verb, &resource, resp.status().as_u16(), start.elapsed());
+        self.metrics
+            .observe_request(&verb, &resource, resp.status().as_u16(), start.elapsed());
         resp
     }
 
-    async fn route(self: &Arc<Self>, req: Request<Body>, target: Target, query: Query, peer: Option<Identity>) -> ApiResult<Response<Body>> {
+    async fn route(
+        self: &Arc<Self>,
+        req: Request<Body>,
+        target: Target,
+        query: Query,
+        peer: Option<Identity>,
+    ) -> ApiResult<Response<Body>> {
         let (parts, body) = req.into_parts();
         let path = parts.uri.path();
         let identity = peer.or_else(|| {
@@ -176,11 +231,16 @@ impl ApiServer {
                 .and_then(|h| h.to_str().ok())
                 .and_then(|h| self.authn.authenticate_bearer(h))
         });
-        let public = matches!(path, "/healthz" | "/livez" | "/readyz") || path.starts_with("/healthz/") || path.starts_with("/livez/") || path.starts_with("/readyz/");
+        let public = matches!(path, "/healthz" | "/livez" | "/readyz")
+            || path.starts_with("/healthz/")
+            || path.starts_with("/livez/")
+            || path.starts_with("/readyz/");
         let identity = match identity {
             Some(id) => id,
             None if public && parts.method == Method::GET => {
-                return self.non_resource(&parts.method, path, &query, &parts.headers).await;
+                return self
+                    .non_resource(&parts.method, path, &query, &parts.headers)
+                    .await;
             }
             None => return Err(ApiError::unauthorized()),
         };
@@ -198,8 +258,10 @@ impl ApiServer {
                     path: path.to_string(),
                 };
                 self.authorize(&identity, &attrs).await?;
-                let def = resources::lookup(&p.group, &p.version, &p.resource).ok_or_else(|| ApiError::not_found_path(path))?;
-                if def.namespaced != p.namespace.is_some() && !(def.namespaced && p.name.is_none()) {
+                let def = resources::lookup(&p.group, &p.version, &p.resource)
+                    .ok_or_else(|| ApiError::not_found_path(path))?;
+                if def.namespaced != p.namespace.is_some() && !(def.namespaced && p.name.is_none())
+                {
                     return Err(ApiError::not_found_path(path));
                 }
                 let body = read_body(&parts.headers, body).await?;
@@ -224,18 +286,33 @@ impl ApiServer {
                 self.authorize(&identity, &attrs).await?;
                 match other {
                     Target::CoreVersions if discovery::wants_aggregated(accept(&parts.headers)) => {
-                        Ok(json_response_ct(200, &discovery::aggregated(true), discovery::AGGREGATED_CONTENT_TYPE))
+                        Ok(json_response_ct(
+                            200,
+                            &discovery::aggregated(true),
+                            discovery::AGGREGATED_CONTENT_TYPE,
+                        ))
                     }
                     Target::Groups if discovery::wants_aggregated(accept(&parts.headers)) => {
-                        Ok(json_response_ct(200, &discovery::aggregated(false), discovery::AGGREGATED_CONTENT_TYPE))
+                        Ok(json_response_ct(
+                            200,
+                            &discovery::aggregated(false),
+                            discovery::AGGREGATED_CONTENT_TYPE,
+                        ))
                     }
                     Target::CoreVersions => Ok(json_response(200, &discovery::core_versions())),
                     Target::Groups => Ok(json_response(200, &discovery::groups())),
-                    Target::Group(g) => discovery::group(&g).map(|v| json_response(200, &v)).ok_or_else(|| ApiError::not_found_path(path)),
-                    Target::GroupVersion { group, version } => discovery::group_version(&group, &version)
+                    Target::Group(g) => discovery::group(&g)
                         .map(|v| json_response(200, &v))
                         .ok_or_else(|| ApiError::not_found_path(path)),
-                    _ => self.non_resource(&parts.method, path, &query, &parts.headers).await,
+                    Target::GroupVersion { group, version } => {
+                        discovery::group_version(&group, &version)
+                            .map(|v| json_response(200, &v))
+                            .ok_or_else(|| ApiError::not_found_path(path))
+                    }
+                    _ => {
+                        self.non_resource(&parts.method, path, &query, &parts.headers)
+                            .await
+                    }
                 }
             }
         }
@@ -250,7 +327,10 @@ impl ApiServer {
             match node::authorize(node_name, a, self.store.as_ref()).await {
                 node::Decision::Allow => return Ok(()),
                 node::Decision::Deny(why) => {
-                    return Err(ApiError::forbidden(format!("{}: {why}", a.forbidden_message(&id.user))));
+                    return Err(ApiError::forbidden(format!(
+                        "{}: {why}",
+                        a.forbidden_message(&id.user)
+                    )));
                 }
                 node::Decision::NoOpinion => {}
             }
@@ -261,31 +341,59 @@ impl ApiServer {
         Err(ApiError::forbidden(a.forbidden_message(&id.user)))
     }
 
-    async fn non_resource(&self, method: &Method, path: &str, query: &Query, _headers: &HeaderMap) -> ApiResult<Response<Body>> {
+    async fn non_resource(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &Query,
+        _headers: &HeaderMap,
+    ) -> ApiResult<Response<Body>> {
         if method != Method::GET && method != Method::HEAD {
-            return Err(ApiError::method_not_allowed(format!("{method} is not supported on {path}")));
+            return Err(ApiError::method_not_allowed(format!(
+                "{method} is not supported on {path}"
+            )));
         }
         match path.trim_end_matches('/') {
             "/version" => Ok(json_response(200, &discovery::version())),
             "/healthz" | "/livez" | "/readyz" => Ok(health::check(self, path, query).await),
-            "/metrics" => Ok(text_response(200, self.metrics.render(), "text/plain; version=0.0.4")),
+            "/metrics" => Ok(text_response(
+                200,
+                self.metrics.render(),
+                "text/plain; version=0.0.4",
+            )),
             "/openapi/v3" => Ok(json_response(200, &openapi::index())),
             "/openapi/v2" => Err(ApiError::not_found_path(path)),
             p if p.starts_with("/openapi/v3/") => {
-                let doc = openapi::document(&p["/openapi/v3/".len()..]).ok_or_else(|| ApiError::not_found_path(path))?;
+                let doc = openapi::document(&p["/openapi/v3/".len()..])
+                    .ok_or_else(|| ApiError::not_found_path(path))?;
                 let mut resp = Response::new(Body::from(doc.body.clone()));
-                resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                resp.headers_mut().insert(header::ETAG, HeaderValue::from_str(&format!("\"{}\"", doc.hash)).unwrap_or(HeaderValue::from_static("\"\"")));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                resp.headers_mut().insert(
+                    header::ETAG,
+                    HeaderValue::from_str(&format!("\"{}\"", doc.hash))
+                        .unwrap_or(HeaderValue::from_static("\"\"")),
+                );
                 Ok(resp)
             }
-            p if p.starts_with("/healthz/") || p.starts_with("/livez/") || p.starts_with("/readyz/") => {
+            p if p.starts_with("/healthz/")
+                || p.starts_with("/livez/")
+                || p.starts_with("/readyz/") =>
+            {
                 Ok(health::check(self, path, query).await)
             }
             _ => Err(ApiError::not_found_path(path)),
         }
     }
 
-    async fn resource(self: &Arc<Self>, method: &Method, r: Req, body: Bytes) -> ApiResult<Response<Body>> {
+    async fn resource(
+        self: &Arc<Self>,
+        method: &Method,
+        r: Req,
+        body: Bytes,
+    ) -> ApiResult<Response<Body>> {
         if let Some(sub) = r.sub.clone() {
             return subresources::dispatch(self, method, r, &sub, body).await;
         }
@@ -298,48 +406,86 @@ impl ApiServer {
             (Method::PATCH, true) => handlers::patch(self, &r, body).await,
             (Method::DELETE, true) => handlers::delete(self, &r, body).await,
             (Method::DELETE, false) => handlers::delete_collection(self, &r, body).await,
-            (m, _) => Err(ApiError::method_not_allowed(format!("{m} is not supported on {}", r.attrs.path))),
+            (m, _) => Err(ApiError::method_not_allowed(format!(
+                "{m} is not supported on {}",
+                r.attrs.path
+            ))),
         }
     }
 }
 
 fn accept(h: &HeaderMap) -> &str {
-    h.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("")
+    h.get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
 }
 
-/// Read the body, refusing more than [`MAX_BODY`] bytes.
+/// Past this much, an oversized body is not even drained: the connection
+/// is dropped instead.
+const MAX_DRAIN: usize = 64 * 1024 * 1024;
+
+/// Read the body, refusing more than [`MAX_BODY`] bytes with 413. An
+/// oversized body is still read (and dropped) up to [`MAX_DRAIN`], so that
+/// the client, still writing, gets the 413 rather than a broken pipe.
 async fn read_body(headers: &HeaderMap, body: Body) -> ApiResult<Bytes> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY) {
+    if declared.is_some_and(|n| n > MAX_DRAIN) {
         return Err(ApiError::too_large());
     }
-    let limited = http_body_util::Limited::new(body, MAX_BODY);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::too_large()),
-        Err(e) => Err(ApiError::bad_request(format!("reading the request body: {e}"))),
+    let mut body = body;
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            seen += data.len();
+            if seen > MAX_DRAIN {
+                break;
+            }
+            if seen <= MAX_BODY {
+                buf.extend_from_slice(&data);
+            }
+        }
     }
+    if seen > MAX_BODY {
+        return Err(ApiError::too_large());
+    }
+    Ok(buf.freeze())
 }
 
 pub(crate) fn json_response(code: u16, v: &Value) -> Response<Body> {
     json_response_ct(code, v, "application/json")
 }
 
+/// Already serialized JSON.
+pub(crate) fn bytes_response(code: u16, body: Vec<u8>) -> Response<Body> {
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
 pub(crate) fn json_response_ct(code: u16, v: &Value, ct: &'static str) -> Response<Body> {
     let body = serde_json::to_vec(v).unwrap_or_default();
     let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
     resp
 }
 
 pub(crate) fn text_response(code: u16, text: String, ct: &'static str) -> Response<Body> {
     let mut resp = Response::new(Body::from(text));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
     resp
 }
 
@@ -367,11 +513,19 @@ pub(crate) fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Re
 /// 400 for anything that is not one JSON/YAML object.
 pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     if body.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty: expected an object"));
+        return Err(ApiError::bad_request(
+            "the request body is empty: expected an object",
+        ));
     }
     let base = content_type.split(';').next().unwrap_or("").trim();
     let v: Value = if base.ends_with("yaml") {
-        serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+    } else if base == "application/vnd.kubernetes.protobuf" {
+        protobuf::decode(body).map_err(|e| match e {
+            protobuf::Error::Unsupported(_) => ApiError::unsupported_media(base),
+            e => ApiError::bad_request(e.to_string()),
+        })?
     } else if base.contains("protobuf") || base.contains("cbor") {
         return Err(ApiError::unsupported_media(base));
     } else {
@@ -380,7 +534,9 @@ pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
         })?
     };
     if !v.is_object() {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     }
     Ok(v)
 }
@@ -388,8 +544,16 @@ pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
 /// Check or fill `apiVersion`/`kind` of a body for `def`.
 pub(crate) fn check_type_meta(def: &ResourceDef, obj: &mut Value) -> ApiResult<()> {
     let want_av = def.api_version();
-    let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
-    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+    let av = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let kind = obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     if (!av.is_empty() && av != want_av) || (!kind.is_empty() && kind != def.kind) {
         return Err(ApiError::bad_request(format!(
             "the API version in the data ({av}) and kind ({kind}) do not match the resource {} ({want_av}, {})",

@@ -7,11 +7,16 @@ pub fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
     if !obj.get("metadata").is_some_and(Value::is_object) {
         obj["metadata"] = Value::Object(Map::new());
     }
-    obj["metadata"].as_object_mut().expect("metadata is an object")
+    obj["metadata"]
+        .as_object_mut()
+        .expect("metadata is an object")
 }
 
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
-    obj.get("metadata")?.get(field)?.as_str().filter(|s| !s.is_empty())
+    obj.get("metadata")?
+        .get(field)?
+        .as_str()
+        .filter(|s| !s.is_empty())
 }
 
 pub fn name(obj: &Value) -> Option<&str> {
@@ -36,7 +41,11 @@ pub fn labels(obj: &Value) -> Vec<(&str, &str)> {
     obj.get("metadata")
         .and_then(|m| m.get("labels"))
         .and_then(Value::as_object)
-        .map(|m| m.iter().filter_map(|(k, v)| Some((k.as_str(), v.as_str()?))).collect())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -44,7 +53,11 @@ pub fn finalizers(obj: &Value) -> Vec<String> {
     obj.get("metadata")
         .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -63,7 +76,9 @@ pub fn now_micro() -> String {
 }
 
 pub fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&chrono::Utc))
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
 }
 
 /// Random suffix for `generateName`, from upstream's alphabet (no vowels, so
@@ -72,7 +87,9 @@ pub fn random_suffix(n: usize) -> String {
     use rand::Rng;
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
-    (0..n).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+    (0..n)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 /// Parse stored bytes and stamp `resourceVersion` from the store revision
@@ -80,7 +97,10 @@ pub fn random_suffix(n: usize) -> String {
 pub fn decode_stored(value: &[u8], revision: i64) -> Option<Value> {
     let mut v: Value = serde_json::from_slice(value).ok()?;
     if v.is_object() {
-        meta_mut(&mut v).insert("resourceVersion".into(), Value::String(revision.to_string()));
+        meta_mut(&mut v).insert(
+            "resourceVersion".into(),
+            Value::String(revision.to_string()),
+        );
     }
     Some(v)
 }
@@ -92,4 +112,92 @@ pub fn encode_for_store(obj: &Value) -> Vec<u8> {
         m.remove("resourceVersion");
     }
     serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// Stored bytes with `metadata.resourceVersion` spliced in, without parsing
+/// the object (lists and gets are mostly this). None when the top-level
+/// `metadata` object is not found; callers then take the parsing path.
+pub fn splice_resource_version(stored: &[u8], revision: i64) -> Option<Vec<u8>> {
+    const PAT: &[u8] = b"\"metadata\":{";
+    let (mut depth, mut in_str, mut esc) = (0i32, false, false);
+    for (i, &c) in stored.iter().enumerate() {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == b'\\' {
+                esc = true;
+            } else if c == b'"' {
+                in_str = false;
+            }
+            continue;
+        }
+        match c {
+            b'"' => {
+                if depth == 1 && stored[i..].starts_with(PAT) {
+                    let at = i + PAT.len();
+                    let mut out = Vec::with_capacity(stored.len() + 32);
+                    out.extend_from_slice(&stored[..at]);
+                    out.extend_from_slice(format!("\"resourceVersion\":\"{revision}\"").as_bytes());
+                    if stored.get(at) != Some(&b'}') {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(&stored[at..]);
+                    return Some(out);
+                }
+                in_str = true;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Just the metadata a selector on labels, name or namespace needs; serde
+/// skips the rest of the object without building it.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Lite {
+    #[serde(default)]
+    metadata: LiteMeta,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct LiteMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    labels: std::collections::BTreeMap<String, String>,
+}
+
+/// `{"metadata": {name, namespace, labels}}` of stored bytes, cheaply.
+pub fn lite_metadata(stored: &[u8]) -> Option<Value> {
+    let l: Lite = serde_json::from_slice(stored).ok()?;
+    Some(
+        serde_json::json!({"metadata": {"name": l.metadata.name, "namespace": l.metadata.namespace, "labels": l.metadata.labels}}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splices_at_the_top_level_metadata_only() {
+        let stored = br#"{"apiVersion":"v1","data":{"x":"\"metadata\":{"},"kind":"ConfigMap","metadata":{"name":"a"}}"#;
+        let out = splice_resource_version(stored, 7).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "7");
+        assert_eq!(v["data"]["x"], "\"metadata\":{");
+        let empty = splice_resource_version(br#"{"metadata":{}}"#, 3).unwrap();
+        assert_eq!(empty, br#"{"metadata":{"resourceVersion":"3"}}"#);
+        assert!(splice_resource_version(br#"{"spec":{"metadata":{}}}"#, 3).is_none());
+        assert_eq!(
+            lite_metadata(br#"{"metadata":{"name":"n","labels":{"a":"b"}},"spec":{}}"#).unwrap()
+                ["metadata"]["labels"]["a"],
+            "b"
+        );
+    }
 }

@@ -64,7 +64,12 @@ fn fnv_hex(b: &[u8]) -> String {
 pub fn index() -> Value {
     let paths: Map<String, Value> = docs()
         .iter()
-        .map(|(p, d)| (p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", d.hash)})))
+        .map(|(p, d)| {
+            (
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", d.hash)}),
+            )
+        })
         .collect();
     json!({"paths": paths})
 }
@@ -100,13 +105,23 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
             ("apps", "ReplicaSet") => drop(gen.subschema_for::<apps::v1::ReplicaSet>()),
             ("apps", "DaemonSet") => drop(gen.subschema_for::<apps::v1::DaemonSet>()),
             ("batch", "Job") => drop(gen.subschema_for::<batch::v1::Job>()),
-            ("coordination.k8s.io", "Lease") => drop(gen.subschema_for::<coordination::v1::Lease>()),
-            ("discovery.k8s.io", "EndpointSlice") => drop(gen.subschema_for::<discovery::v1::EndpointSlice>()),
+            ("coordination.k8s.io", "Lease") => {
+                drop(gen.subschema_for::<coordination::v1::Lease>())
+            }
+            ("discovery.k8s.io", "EndpointSlice") => {
+                drop(gen.subschema_for::<discovery::v1::EndpointSlice>())
+            }
             ("events.k8s.io", "Event") => drop(gen.subschema_for::<events::v1::Event>()),
             ("rbac.authorization.k8s.io", "Role") => drop(gen.subschema_for::<rbac::v1::Role>()),
-            ("rbac.authorization.k8s.io", "RoleBinding") => drop(gen.subschema_for::<rbac::v1::RoleBinding>()),
-            ("rbac.authorization.k8s.io", "ClusterRole") => drop(gen.subschema_for::<rbac::v1::ClusterRole>()),
-            ("rbac.authorization.k8s.io", "ClusterRoleBinding") => drop(gen.subschema_for::<rbac::v1::ClusterRoleBinding>()),
+            ("rbac.authorization.k8s.io", "RoleBinding") => {
+                drop(gen.subschema_for::<rbac::v1::RoleBinding>())
+            }
+            ("rbac.authorization.k8s.io", "ClusterRole") => {
+                drop(gen.subschema_for::<rbac::v1::ClusterRole>())
+            }
+            ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+                drop(gen.subschema_for::<rbac::v1::ClusterRoleBinding>())
+            }
             _ => {}
         }
     }
@@ -121,7 +136,11 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
     }
     // Upstream's strategic-merge tags, for clients that read them from here.
     for (schema, field, key) in PATCH_KEYS {
-        if let Some(p) = defs.get_mut(*schema).and_then(|s| s.get_mut("properties")).and_then(|p| p.get_mut(*field)) {
+        if let Some(p) = defs
+            .get_mut(*schema)
+            .and_then(|s| s.get_mut("properties"))
+            .and_then(|p| p.get_mut(*field))
+        {
             if let Some(p) = p.as_object_mut() {
                 p.insert("x-kubernetes-patch-strategy".into(), json!("merge"));
                 if !key.is_empty() {
@@ -144,13 +163,25 @@ const PATCH_KEYS: &[(&str, &str, &str)] = &[
     ("io.k8s.api.core.v1.Container", "env", "name"),
     ("io.k8s.api.core.v1.Container", "ports", "containerPort"),
     ("io.k8s.api.core.v1.Container", "volumeMounts", "mountPath"),
-    ("io.k8s.api.core.v1.Container", "volumeDevices", "devicePath"),
+    (
+        "io.k8s.api.core.v1.Container",
+        "volumeDevices",
+        "devicePath",
+    ),
     ("io.k8s.api.core.v1.ServiceSpec", "ports", "port"),
     ("io.k8s.api.core.v1.PodStatus", "conditions", "type"),
     ("io.k8s.api.core.v1.NodeStatus", "conditions", "type"),
     ("io.k8s.api.core.v1.NodeStatus", "addresses", "type"),
-    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "finalizers", ""),
-    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "ownerReferences", "uid"),
+    (
+        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        "finalizers",
+        "",
+    ),
+    (
+        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        "ownerReferences",
+        "uid",
+    ),
 ];
 
 fn param(name: &str, location: &str, required: bool) -> Value {
@@ -185,13 +216,21 @@ fn build(group: &str, version: &str) -> Value {
         if r.namespaced {
             path_params.push(param("namespace", "path", true));
         }
-        let validation = vec![param("dryRun", "query", false), param("fieldManager", "query", false), param("fieldValidation", "query", false)];
+        let validation = vec![
+            param("dryRun", "query", false),
+            param("fieldManager", "query", false),
+            param("fieldValidation", "query", false),
+        ];
         let body = json!({"content": {"*/*": {"schema": {"$ref": sref}}}});
         let mut create = op(r, "post", "create", validation.clone(), &sref);
         create["requestBody"] = body.clone();
         let mut replace = op(r, "put", "replace", validation.clone(), &sref);
         replace["requestBody"] = body;
-        let coll_params: Vec<Value> = if r.namespaced { vec![param("namespace", "path", true)] } else { vec![] };
+        let coll_params: Vec<Value> = if r.namespaced {
+            vec![param("namespace", "path", true)]
+        } else {
+            vec![]
+        };
         paths.insert(
             coll,
             json!({
@@ -229,8 +268,15 @@ mod tests {
         let doc: Value = serde_json::from_slice(&document("apis/apps/v1").unwrap().body).unwrap();
         let p = &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
         assert_eq!(p["x-kubernetes-group-version-kind"]["kind"], "Deployment");
-        assert!(p["parameters"].as_array().unwrap().iter().any(|x| x["name"] == "fieldValidation"));
+        assert!(p["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == "fieldValidation"));
         assert!(doc["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"].is_object());
-        assert!(index()["paths"]["api/v1"]["serverRelativeURL"].as_str().unwrap().starts_with("/openapi/v3/api/v1?hash="));
+        assert!(index()["paths"]["api/v1"]["serverRelativeURL"]
+            .as_str()
+            .unwrap()
+            .starts_with("/openapi/v3/api/v1?hash="));
     }
 }

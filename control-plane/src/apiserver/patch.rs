@@ -40,7 +40,9 @@ impl PatchType {
             "application/json-patch+json" => Some(PatchType::Json),
             "application/merge-patch+json" => Some(PatchType::Merge),
             "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+cbor" => Some(PatchType::Apply),
+            "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+                Some(PatchType::Apply)
+            }
             _ => None,
         }
     }
@@ -50,10 +52,16 @@ impl PatchType {
 pub fn apply(doc: &Value, body: &[u8], pt: PatchType, kind: &str) -> Result<Value> {
     match pt {
         PatchType::Json => {
-            let p: json_patch::Patch =
-                serde_json::from_slice(body).map_err(|e| Error::Malformed(format!("invalid JSON patch: {e}")))?;
+            let p: json_patch::Patch = serde_json::from_slice(body)
+                .map_err(|e| Error::Malformed(format!("invalid JSON patch: {e}")))?;
             let mut out = doc.clone();
-            json_patch::patch(&mut out, &p).map_err(|e| Error::Apply(format!("the JSON patch could not be applied: {e}")))?;
+            json_patch::patch(&mut out, &p)
+                .map_err(|e| Error::Apply(format!("the JSON patch could not be applied: {e}")))?;
+            if !out.is_object() {
+                return Err(Error::Apply(
+                    "the patched document must stay a JSON object".into(),
+                ));
+            }
             Ok(out)
         }
         PatchType::Merge => {
@@ -72,10 +80,13 @@ pub fn apply(doc: &Value, body: &[u8], pt: PatchType, kind: &str) -> Result<Valu
 fn parse_object(body: &[u8]) -> Result<Value> {
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
-        Err(_) => serde_yaml::from_slice(body).map_err(|e| Error::Malformed(format!("invalid patch body: {e}")))?,
+        Err(_) => serde_yaml::from_slice(body)
+            .map_err(|e| Error::Malformed(format!("invalid patch body: {e}")))?,
     };
     if !v.is_object() {
-        return Err(Error::Malformed("the patch body must be a JSON object".into()));
+        return Err(Error::Malformed(
+            "the patch body must be a JSON object".into(),
+        ));
     }
     Ok(v)
 }
@@ -112,39 +123,200 @@ const FIELDS: &[(&str, &str, &str)] = &[
 /// (type, field) -> list merge rule; lists not named here are replaced whole
 /// (upstream's default, "atomic").
 const LISTS: &[(&str, &str, ListRule)] = &[
-    ("ObjectMeta", "finalizers", ListRule { key: None, item: "" }),
-    ("ObjectMeta", "ownerReferences", ListRule { key: Some("uid"), item: "" }),
-    ("PodSpec", "containers", ListRule { key: Some("name"), item: "Container" }),
-    ("PodSpec", "initContainers", ListRule { key: Some("name"), item: "Container" }),
-    ("PodSpec", "ephemeralContainers", ListRule { key: Some("name"), item: "Container" }),
-    ("PodSpec", "volumes", ListRule { key: Some("name"), item: "Volume" }),
-    ("PodSpec", "imagePullSecrets", ListRule { key: Some("name"), item: "" }),
-    ("PodSpec", "hostAliases", ListRule { key: Some("ip"), item: "" }),
-    ("PodSpec", "topologySpreadConstraints", ListRule { key: Some("topologyKey"), item: "" }),
-    ("PodSpec", "resourceClaims", ListRule { key: Some("name"), item: "" }),
-    ("PodSpec", "schedulingGates", ListRule { key: Some("name"), item: "" }),
-    ("Container", "env", ListRule { key: Some("name"), item: "" }),
-    ("Container", "ports", ListRule { key: Some("containerPort"), item: "" }),
-    ("Container", "volumeMounts", ListRule { key: Some("mountPath"), item: "" }),
-    ("Container", "volumeDevices", ListRule { key: Some("devicePath"), item: "" }),
-    ("PodStatus", "conditions", ListRule { key: Some("type"), item: "" }),
-    ("PodStatus", "podIPs", ListRule { key: Some("ip"), item: "" }),
-    ("ServiceSpec", "ports", ListRule { key: Some("port"), item: "" }),
-    ("NodeSpec", "podCIDRs", ListRule { key: None, item: "" }),
-    ("NodeStatus", "conditions", ListRule { key: Some("type"), item: "" }),
-    ("NodeStatus", "addresses", ListRule { key: Some("type"), item: "" }),
-    ("Status", "conditions", ListRule { key: Some("type"), item: "" }),
+    (
+        "ObjectMeta",
+        "finalizers",
+        ListRule {
+            key: None,
+            item: "",
+        },
+    ),
+    (
+        "ObjectMeta",
+        "ownerReferences",
+        ListRule {
+            key: Some("uid"),
+            item: "",
+        },
+    ),
+    (
+        "PodSpec",
+        "containers",
+        ListRule {
+            key: Some("name"),
+            item: "Container",
+        },
+    ),
+    (
+        "PodSpec",
+        "initContainers",
+        ListRule {
+            key: Some("name"),
+            item: "Container",
+        },
+    ),
+    (
+        "PodSpec",
+        "ephemeralContainers",
+        ListRule {
+            key: Some("name"),
+            item: "Container",
+        },
+    ),
+    (
+        "PodSpec",
+        "volumes",
+        ListRule {
+            key: Some("name"),
+            item: "Volume",
+        },
+    ),
+    (
+        "PodSpec",
+        "imagePullSecrets",
+        ListRule {
+            key: Some("name"),
+            item: "",
+        },
+    ),
+    (
+        "PodSpec",
+        "hostAliases",
+        ListRule {
+            key: Some("ip"),
+            item: "",
+        },
+    ),
+    (
+        "PodSpec",
+        "topologySpreadConstraints",
+        ListRule {
+            key: Some("topologyKey"),
+            item: "",
+        },
+    ),
+    (
+        "PodSpec",
+        "resourceClaims",
+        ListRule {
+            key: Some("name"),
+            item: "",
+        },
+    ),
+    (
+        "PodSpec",
+        "schedulingGates",
+        ListRule {
+            key: Some("name"),
+            item: "",
+        },
+    ),
+    (
+        "Container",
+        "env",
+        ListRule {
+            key: Some("name"),
+            item: "",
+        },
+    ),
+    (
+        "Container",
+        "ports",
+        ListRule {
+            key: Some("containerPort"),
+            item: "",
+        },
+    ),
+    (
+        "Container",
+        "volumeMounts",
+        ListRule {
+            key: Some("mountPath"),
+            item: "",
+        },
+    ),
+    (
+        "Container",
+        "volumeDevices",
+        ListRule {
+            key: Some("devicePath"),
+            item: "",
+        },
+    ),
+    (
+        "PodStatus",
+        "conditions",
+        ListRule {
+            key: Some("type"),
+            item: "",
+        },
+    ),
+    (
+        "PodStatus",
+        "podIPs",
+        ListRule {
+            key: Some("ip"),
+            item: "",
+        },
+    ),
+    (
+        "ServiceSpec",
+        "ports",
+        ListRule {
+            key: Some("port"),
+            item: "",
+        },
+    ),
+    (
+        "NodeSpec",
+        "podCIDRs",
+        ListRule {
+            key: None,
+            item: "",
+        },
+    ),
+    (
+        "NodeStatus",
+        "conditions",
+        ListRule {
+            key: Some("type"),
+            item: "",
+        },
+    ),
+    (
+        "NodeStatus",
+        "addresses",
+        ListRule {
+            key: Some("type"),
+            item: "",
+        },
+    ),
+    (
+        "Status",
+        "conditions",
+        ListRule {
+            key: Some("type"),
+            item: "",
+        },
+    ),
 ];
 
 fn field_type(ty: &str, field: &str) -> &'static str {
     if field == "metadata" {
         return "ObjectMeta";
     }
-    FIELDS.iter().find(|(t, f, _)| *t == ty && *f == field).map(|(_, _, c)| *c).unwrap_or("")
+    FIELDS
+        .iter()
+        .find(|(t, f, _)| *t == ty && *f == field)
+        .map(|(_, _, c)| *c)
+        .unwrap_or("")
 }
 
 fn list_rule(ty: &str, field: &str) -> Option<&'static ListRule> {
-    LISTS.iter().find(|(t, f, _)| *t == ty && *f == field).map(|(_, _, r)| r)
+    LISTS
+        .iter()
+        .find(|(t, f, _)| *t == ty && *f == field)
+        .map(|(_, _, r)| r)
 }
 
 /// Strategic merge of `patch` into `doc` (an object of `kind`).
@@ -153,11 +325,15 @@ pub fn strategic(doc: &Value, patch: &Value, kind: &str) -> Result<Value> {
     match (out.as_object_mut(), patch.as_object()) {
         (Some(o), Some(p)) => {
             if !merge_map(o, p, kind)? {
-                return Err(Error::Apply("a strategic merge patch cannot delete the whole object".into()));
+                return Err(Error::Apply(
+                    "a strategic merge patch cannot delete the whole object".into(),
+                ));
             }
             Ok(out)
         }
-        _ => Err(Error::Malformed("the patch body must be a JSON object".into())),
+        _ => Err(Error::Malformed(
+            "the patch body must be a JSON object".into(),
+        )),
     }
 }
 
@@ -170,7 +346,11 @@ fn merge_map(orig: &mut Map<String, Value>, patch: &Map<String, Value>, ty: &str
             return Ok(true);
         }
         Some("merge") | None => {}
-        Some(other) => return Err(Error::Malformed(format!("unknown patch directive $patch: {other}"))),
+        Some(other) => {
+            return Err(Error::Malformed(format!(
+                "unknown patch directive $patch: {other}"
+            )))
+        }
     }
     for (k, pv) in patch {
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
@@ -222,7 +402,8 @@ fn merge_map(orig: &mut Map<String, Value>, patch: &Map<String, Value>, ty: &str
         orig.retain(|k, _| keep.contains(&k.as_str()));
     }
     for (k, order) in patch {
-        if let (Some(field), Some(order)) = (k.strip_prefix("$setElementOrder/"), order.as_array()) {
+        if let (Some(field), Some(order)) = (k.strip_prefix("$setElementOrder/"), order.as_array())
+        {
             let key = list_rule(ty, field).and_then(|r| r.key);
             if let Some(Value::Array(list)) = orig.get_mut(field) {
                 reorder(list, order, key);
@@ -234,7 +415,10 @@ fn merge_map(orig: &mut Map<String, Value>, patch: &Map<String, Value>, ty: &str
 
 fn merge_list(orig: &mut Vec<Value>, patch: &[Value], rule: &ListRule) -> Result<()> {
     // `{"$patch": "replace"}` as an element replaces the whole list.
-    if patch.iter().any(|v| v.get("$patch").and_then(Value::as_str) == Some("replace")) {
+    if patch
+        .iter()
+        .any(|v| v.get("$patch").and_then(Value::as_str) == Some("replace"))
+    {
         *orig = patch
             .iter()
             .filter(|v| v.get("$patch").is_none())
@@ -252,10 +436,14 @@ fn merge_list(orig: &mut Vec<Value>, patch: &[Value], rule: &ListRule) -> Result
     };
     for item in patch {
         let Some(p) = item.as_object() else {
-            return Err(Error::Apply(format!("list items merged by {key:?} must be objects")));
+            return Err(Error::Apply(format!(
+                "list items merged by {key:?} must be objects"
+            )));
         };
         let Some(kv) = p.get(key) else {
-            return Err(Error::Apply(format!("map: {item} does not contain declared merge key: {key}")));
+            return Err(Error::Apply(format!(
+                "map: {item} does not contain declared merge key: {key}"
+            )));
         };
         let pos = orig.iter().position(|o| o.get(key) == Some(kv));
         if p.get("$patch").and_then(Value::as_str) == Some("delete") {
@@ -281,7 +469,9 @@ fn merge_list(orig: &mut Vec<Value>, patch: &[Value], rule: &ListRule) -> Result
 fn reorder(list: &mut [Value], order: &[Value], key: Option<&str>) {
     let rank = |v: &Value| -> usize {
         let found = match key {
-            Some(k) => order.iter().position(|o| o.get(k).is_some() && o.get(k) == v.get(k)),
+            Some(k) => order
+                .iter()
+                .position(|o| o.get(k).is_some() && o.get(k) == v.get(k)),
             None => order.iter().position(|o| o == v),
         };
         found.unwrap_or(usize::MAX)
@@ -291,7 +481,10 @@ fn reorder(list: &mut [Value], order: &[Value], key: Option<&str>) {
 
 /// A copy without `$` directives (for values added rather than merged).
 fn strip(m: &Map<String, Value>) -> Map<String, Value> {
-    m.iter().filter(|(k, _)| !k.starts_with('$')).map(|(k, v)| (k.clone(), strip_value(v))).collect()
+    m.iter()
+        .filter(|(k, _)| !k.starts_with('$'))
+        .map(|(k, v)| (k.clone(), strip_value(v)))
+        .collect()
 }
 
 fn strip_value(v: &Value) -> Value {
@@ -337,13 +530,18 @@ mod tests {
         let doc = json!({"spec": {"volumes": [{"name": "v", "emptyDir": {}}], "nodeName": "n"}});
         let patch = json!({"spec": {"nodeName": null, "volumes": [{"name": "v", "hostPath": {"path": "/x"}, "$retainKeys": ["hostPath", "name"]}]}});
         let out = strategic(&doc, &patch, "Pod").unwrap();
-        assert_eq!(out["spec"], json!({"volumes": [{"name": "v", "hostPath": {"path": "/x"}}]}));
+        assert_eq!(
+            out["spec"],
+            json!({"volumes": [{"name": "v", "hostPath": {"path": "/x"}}]})
+        );
     }
 
     #[test]
     fn atomic_lists_are_replaced_and_finalizers_merged() {
-        let doc = json!({"metadata": {"finalizers": ["a"]}, "spec": {"tolerations": [{"key": "a"}]}});
-        let patch = json!({"metadata": {"finalizers": ["b"]}, "spec": {"tolerations": [{"key": "b"}]}});
+        let doc =
+            json!({"metadata": {"finalizers": ["a"]}, "spec": {"tolerations": [{"key": "a"}]}});
+        let patch =
+            json!({"metadata": {"finalizers": ["b"]}, "spec": {"tolerations": [{"key": "b"}]}});
         let out = strategic(&doc, &patch, "Pod").unwrap();
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "b"]));
         assert_eq!(out["spec"]["tolerations"], json!([{"key": "b"}]));
@@ -355,11 +553,39 @@ mod tests {
     #[test]
     fn merge_and_json_patch() {
         let doc = json!({"metadata": {"labels": {"a": "1"}}});
-        let out = apply(&doc, br#"{"metadata":{"labels":{"a":null,"b":"2"}}}"#, PatchType::Merge, "Pod").unwrap();
+        let out = apply(
+            &doc,
+            br#"{"metadata":{"labels":{"a":null,"b":"2"}}}"#,
+            PatchType::Merge,
+            "Pod",
+        )
+        .unwrap();
         assert_eq!(out["metadata"]["labels"], json!({"b": "2"}));
-        let out = apply(&doc, br#"[{"op":"replace","path":"/metadata/labels/a","value":"3"}]"#, PatchType::Json, "Pod").unwrap();
+        let out = apply(
+            &doc,
+            br#"[{"op":"replace","path":"/metadata/labels/a","value":"3"}]"#,
+            PatchType::Json,
+            "Pod",
+        )
+        .unwrap();
         assert_eq!(out["metadata"]["labels"]["a"], "3");
-        assert!(matches!(apply(&doc, b"[{", PatchType::Json, "Pod"), Err(Error::Malformed(_))));
-        assert!(matches!(apply(&doc, br#"[{"op":"remove","path":"/nope"}]"#, PatchType::Json, "Pod"), Err(Error::Apply(_))));
+        assert!(matches!(
+            apply(&doc, b"[{", PatchType::Json, "Pod"),
+            Err(Error::Malformed(_))
+        ));
+        let root = br#"[{"op":"replace","path":"","value":[1]}]"#;
+        assert!(matches!(
+            apply(&doc, root, PatchType::Json, "Pod"),
+            Err(Error::Apply(_))
+        ));
+        assert!(matches!(
+            apply(
+                &doc,
+                br#"[{"op":"remove","path":"/nope"}]"#,
+                PatchType::Json,
+                "Pod"
+            ),
+            Err(Error::Apply(_))
+        ));
     }
 }

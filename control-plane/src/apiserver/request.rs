@@ -47,7 +47,10 @@ pub fn parse_path(path: &str) -> Target {
         _ => return Target::NonResource,
     };
     if rest.is_empty() {
-        return Target::GroupVersion { group: group.to_string(), version: version.to_string() };
+        return Target::GroupVersion {
+            group: group.to_string(),
+            version: version.to_string(),
+        };
     }
     let mut rest = rest;
     let mut watch_prefix = false;
@@ -58,7 +61,10 @@ pub fn parse_path(path: &str) -> Target {
     let mut namespace = None;
     // `namespaces/<ns>/<resource>...` is a namespaced request, except for the
     // namespace object's own subresources (`namespaces/<ns>/status|finalize`).
-    if rest.len() >= 3 && rest[0] == "namespaces" && !(rest.len() == 3 && matches!(rest[2], "status" | "finalize")) {
+    if rest.len() >= 3
+        && rest[0] == "namespaces"
+        && !(rest.len() == 3 && matches!(rest[2], "status" | "finalize"))
+    {
         namespace = Some(rest[1].to_string());
         rest = &rest[2..];
     }
@@ -82,7 +88,11 @@ pub struct Query(pub HashMap<String, String>);
 
 impl Query {
     pub fn parse(q: Option<&str>) -> Self {
-        Query(form_urlencoded::parse(q.unwrap_or("").as_bytes()).into_owned().collect())
+        Query(
+            form_urlencoded::parse(q.unwrap_or("").as_bytes())
+                .into_owned()
+                .collect(),
+        )
     }
     pub fn get(&self, k: &str) -> Option<&str> {
         self.0.get(k).map(|s| s.as_str()).filter(|s| !s.is_empty())
@@ -126,18 +136,35 @@ mod tests {
     #[test]
     fn paths() {
         assert_eq!(parse_path("/api"), Target::CoreVersions);
-        assert_eq!(parse_path("/apis/apps/v1"), Target::GroupVersion { group: "apps".into(), version: "v1".into() });
-        let Target::Resource(p) = parse_path("/api/v1/namespaces/default/pods/p1/status") else { panic!() };
+        assert_eq!(
+            parse_path("/apis/apps/v1"),
+            Target::GroupVersion {
+                group: "apps".into(),
+                version: "v1".into()
+            }
+        );
+        let Target::Resource(p) = parse_path("/api/v1/namespaces/default/pods/p1/status") else {
+            panic!()
+        };
         assert_eq!(p.namespace.as_deref(), Some("default"));
         assert_eq!(p.resource, "pods");
         assert_eq!(p.name.as_deref(), Some("p1"));
         assert_eq!(p.subresource.as_deref(), Some("status"));
-        let Target::Resource(p) = parse_path("/api/v1/namespaces/kube-system/status") else { panic!() };
+        let Target::Resource(p) = parse_path("/api/v1/namespaces/kube-system/status") else {
+            panic!()
+        };
         assert_eq!(p.resource, "namespaces");
         assert_eq!(p.name.as_deref(), Some("kube-system"));
-        let Target::Resource(p) = parse_path("/api/v1/namespaces/x") else { panic!() };
-        assert_eq!((p.resource.as_str(), p.name.as_deref(), p.namespace), ("namespaces", Some("x"), None));
-        let Target::Resource(p) = parse_path("/api/v1/watch/namespaces/d/pods") else { panic!() };
+        let Target::Resource(p) = parse_path("/api/v1/namespaces/x") else {
+            panic!()
+        };
+        assert_eq!(
+            (p.resource.as_str(), p.name.as_deref(), p.namespace),
+            ("namespaces", Some("x"), None)
+        );
+        let Target::Resource(p) = parse_path("/api/v1/watch/namespaces/d/pods") else {
+            panic!()
+        };
         assert!(p.watch_prefix);
         assert_eq!(parse_path("/healthz"), Target::NonResource);
     }

@@ -22,6 +22,7 @@ pub struct ResourceDef {
 const ALL: &[&str] = &["all"];
 const NONE: &[&str] = &[];
 
+#[allow(clippy::too_many_arguments)] // a table row, read column by column
 const fn def(
     group: &'static str,
     kind: &'static str,
@@ -33,31 +34,204 @@ const fn def(
     status: bool,
     scale: bool,
 ) -> ResourceDef {
-    ResourceDef { group, version: "v1", kind, plural, singular, namespaced, short_names, categories, status, scale }
+    ResourceDef {
+        group,
+        version: "v1",
+        kind,
+        plural,
+        singular,
+        namespaced,
+        short_names,
+        categories,
+        status,
+        scale,
+    }
 }
 
 /// Every served resource. Core (`""`) first: kubectl's RESTMapper prefers the
 /// earlier group when two share a name (core `events` over `events.k8s.io`).
 pub static RESOURCES: &[ResourceDef] = &[
-    def("", "Namespace", "namespaces", "namespace", false, &["ns"], NONE, true, false),
-    def("", "Node", "nodes", "node", false, &["no"], NONE, true, false),
+    def(
+        "",
+        "Namespace",
+        "namespaces",
+        "namespace",
+        false,
+        &["ns"],
+        NONE,
+        true,
+        false,
+    ),
+    def(
+        "",
+        "Node",
+        "nodes",
+        "node",
+        false,
+        &["no"],
+        NONE,
+        true,
+        false,
+    ),
     def("", "Pod", "pods", "pod", true, &["po"], ALL, true, false),
-    def("", "Service", "services", "service", true, &["svc"], ALL, true, false),
-    def("", "Endpoints", "endpoints", "endpoints", true, &["ep"], NONE, false, false),
-    def("", "ConfigMap", "configmaps", "configmap", true, &["cm"], NONE, false, false),
-    def("", "Secret", "secrets", "secret", true, NONE, NONE, false, false),
-    def("", "Event", "events", "event", true, &["ev"], NONE, false, false),
-    def("", "ServiceAccount", "serviceaccounts", "serviceaccount", true, &["sa"], NONE, false, false),
-    def("apps", "Deployment", "deployments", "deployment", true, &["deploy"], ALL, true, true),
-    def("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], ALL, true, true),
-    def("apps", "DaemonSet", "daemonsets", "daemonset", true, &["ds"], ALL, true, false),
+    def(
+        "",
+        "Service",
+        "services",
+        "service",
+        true,
+        &["svc"],
+        ALL,
+        true,
+        false,
+    ),
+    def(
+        "",
+        "Endpoints",
+        "endpoints",
+        "endpoints",
+        true,
+        &["ep"],
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "",
+        "ConfigMap",
+        "configmaps",
+        "configmap",
+        true,
+        &["cm"],
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "", "Secret", "secrets", "secret", true, NONE, NONE, false, false,
+    ),
+    def(
+        "",
+        "Event",
+        "events",
+        "event",
+        true,
+        &["ev"],
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "",
+        "ServiceAccount",
+        "serviceaccounts",
+        "serviceaccount",
+        true,
+        &["sa"],
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "apps",
+        "Deployment",
+        "deployments",
+        "deployment",
+        true,
+        &["deploy"],
+        ALL,
+        true,
+        true,
+    ),
+    def(
+        "apps",
+        "ReplicaSet",
+        "replicasets",
+        "replicaset",
+        true,
+        &["rs"],
+        ALL,
+        true,
+        true,
+    ),
+    def(
+        "apps",
+        "DaemonSet",
+        "daemonsets",
+        "daemonset",
+        true,
+        &["ds"],
+        ALL,
+        true,
+        false,
+    ),
     def("batch", "Job", "jobs", "job", true, NONE, ALL, true, false),
-    def("coordination.k8s.io", "Lease", "leases", "lease", true, NONE, NONE, false, false),
-    def("discovery.k8s.io", "EndpointSlice", "endpointslices", "endpointslice", true, NONE, NONE, false, false),
-    def("events.k8s.io", "Event", "events", "event", true, &["ev"], NONE, false, false),
-    def("rbac.authorization.k8s.io", "Role", "roles", "role", true, NONE, NONE, false, false),
-    def("rbac.authorization.k8s.io", "RoleBinding", "rolebindings", "rolebinding", true, NONE, NONE, false, false),
-    def("rbac.authorization.k8s.io", "ClusterRole", "clusterroles", "clusterrole", false, NONE, NONE, false, false),
+    def(
+        "coordination.k8s.io",
+        "Lease",
+        "leases",
+        "lease",
+        true,
+        NONE,
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "discovery.k8s.io",
+        "EndpointSlice",
+        "endpointslices",
+        "endpointslice",
+        true,
+        NONE,
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "events.k8s.io",
+        "Event",
+        "events",
+        "event",
+        true,
+        &["ev"],
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "rbac.authorization.k8s.io",
+        "Role",
+        "roles",
+        "role",
+        true,
+        NONE,
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "rbac.authorization.k8s.io",
+        "RoleBinding",
+        "rolebindings",
+        "rolebinding",
+        true,
+        NONE,
+        NONE,
+        false,
+        false,
+    ),
+    def(
+        "rbac.authorization.k8s.io",
+        "ClusterRole",
+        "clusterroles",
+        "clusterrole",
+        false,
+        NONE,
+        NONE,
+        false,
+        false,
+    ),
     def(
         "rbac.authorization.k8s.io",
         "ClusterRoleBinding",
@@ -72,7 +246,16 @@ pub static RESOURCES: &[ResourceDef] = &[
 ];
 
 /// The verbs every resource supports.
-pub const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+pub const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 impl ResourceDef {
     /// `v1` or `apps/v1`.
@@ -94,18 +277,30 @@ impl ResourceDef {
             self.group
         }
     }
+    /// The resource whose keys hold this one's objects: events.k8s.io
+    /// Events live with the core ones (see `convert`).
+    fn storage(&self) -> (&'static str, &'static str) {
+        if self.group == "events.k8s.io" {
+            ("core", "events")
+        } else {
+            (self.key_group(), self.plural)
+        }
+    }
+
     /// `/registry/<group>/<plural>/[<ns>/]<name>`.
     pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        let (g, p) = self.storage();
         match namespace.filter(|_| self.namespaced) {
-            Some(ns) => format!("/registry/{}/{}/{}/{}", self.key_group(), self.plural, ns, name),
-            None => format!("/registry/{}/{}/{}", self.key_group(), self.plural, name),
+            Some(ns) => format!("/registry/{g}/{p}/{ns}/{name}"),
+            None => format!("/registry/{g}/{p}/{name}"),
         }
     }
     /// Prefix of every key of this resource, or of one namespace's keys.
     pub fn prefix(&self, namespace: Option<&str>) -> String {
+        let (g, p) = self.storage();
         match namespace.filter(|_| self.namespaced) {
-            Some(ns) => format!("/registry/{}/{}/{}/", self.key_group(), self.plural, ns),
-            None => format!("/registry/{}/{}/", self.key_group(), self.plural),
+            Some(ns) => format!("/registry/{g}/{p}/{ns}/"),
+            None => format!("/registry/{g}/{p}/"),
         }
     }
     /// Subresources served for this resource, with the verbs each accepts.
@@ -137,12 +332,16 @@ impl ResourceDef {
 
 /// The resource served at `group`/`version` under `plural`.
 pub fn lookup(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// The resource of a kind in a group (for `apiVersion`/`kind` in bodies).
 pub fn by_kind(group: &str, kind: &str) -> Option<&'static ResourceDef> {
-    RESOURCES.iter().find(|r| r.group == group && r.kind == kind)
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.kind == kind)
 }
 
 /// Served groups in discovery order, each with its versions.
@@ -158,7 +357,10 @@ pub fn groups() -> Vec<&'static str> {
 
 /// Resources of one group version.
 pub fn in_group_version(group: &str, version: &str) -> Vec<&'static ResourceDef> {
-    RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect()
+    RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .collect()
 }
 
 #[cfg(test)]
@@ -168,7 +370,10 @@ mod tests {
     #[test]
     fn keys_follow_the_etcd_layout() {
         let pods = lookup("", "v1", "pods").unwrap();
-        assert_eq!(pods.key(Some("default"), "p"), "/registry/core/pods/default/p");
+        assert_eq!(
+            pods.key(Some("default"), "p"),
+            "/registry/core/pods/default/p"
+        );
         assert_eq!(pods.prefix(None), "/registry/core/pods/");
         let nodes = lookup("", "v1", "nodes").unwrap();
         assert_eq!(nodes.key(Some("ignored"), "n1"), "/registry/core/nodes/n1");

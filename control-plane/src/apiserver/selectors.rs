@@ -61,7 +61,11 @@ fn set_values(s: &str) -> Result<Vec<String>, Error> {
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
         .ok_or_else(|| Error::Syntax(format!("expected a parenthesised set, found {s:?}")))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 impl LabelSelector {
@@ -73,25 +77,58 @@ impl LabelSelector {
                 continue;
             }
             let req = if let Some(k) = part.strip_prefix('!') {
-                Requirement { key: k.trim().to_string(), op: Op::NotExists }
+                Requirement {
+                    key: k.trim().to_string(),
+                    op: Op::NotExists,
+                }
             } else if let Some((k, v)) = part.split_once("!=") {
-                Requirement { key: k.trim().into(), op: Op::NotEq(v.trim().into()) }
+                Requirement {
+                    key: k.trim().into(),
+                    op: Op::NotEq(v.trim().into()),
+                }
             } else if let Some((k, v)) = part.split_once("==") {
-                Requirement { key: k.trim().into(), op: Op::Eq(v.trim().into()) }
+                Requirement {
+                    key: k.trim().into(),
+                    op: Op::Eq(v.trim().into()),
+                }
             } else if let Some((k, v)) = part.split_once('=') {
-                Requirement { key: k.trim().into(), op: Op::Eq(v.trim().into()) }
+                Requirement {
+                    key: k.trim().into(),
+                    op: Op::Eq(v.trim().into()),
+                }
             } else if let Some((k, v)) = part.split_once(" notin ") {
-                Requirement { key: k.trim().into(), op: Op::NotIn(set_values(v)?) }
+                Requirement {
+                    key: k.trim().into(),
+                    op: Op::NotIn(set_values(v)?),
+                }
             } else if let Some((k, v)) = part.split_once(" in ") {
-                Requirement { key: k.trim().into(), op: Op::In(set_values(v)?) }
+                Requirement {
+                    key: k.trim().into(),
+                    op: Op::In(set_values(v)?),
+                }
             } else if let Some((k, v)) = part.split_once('>') {
-                let n = v.trim().parse().map_err(|_| Error::Syntax(format!("{part:?}: expected an integer")))?;
-                Requirement { key: k.trim().into(), op: Op::Gt(n) }
+                let n = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::Syntax(format!("{part:?}: expected an integer")))?;
+                Requirement {
+                    key: k.trim().into(),
+                    op: Op::Gt(n),
+                }
             } else if let Some((k, v)) = part.split_once('<') {
-                let n = v.trim().parse().map_err(|_| Error::Syntax(format!("{part:?}: expected an integer")))?;
-                Requirement { key: k.trim().into(), op: Op::Lt(n) }
+                let n = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::Syntax(format!("{part:?}: expected an integer")))?;
+                Requirement {
+                    key: k.trim().into(),
+                    op: Op::Lt(n),
+                }
             } else {
-                Requirement { key: part.to_string(), op: Op::Exists }
+                Requirement {
+                    key: part.to_string(),
+                    op: Op::Exists,
+                }
             };
             if req.key.is_empty() || req.key.contains(char::is_whitespace) {
                 return Err(Error::Syntax(format!("{part:?}: invalid label key")));
@@ -105,7 +142,12 @@ impl LabelSelector {
     pub fn from_map(m: &serde_json::Map<String, Value>) -> Self {
         LabelSelector(
             m.iter()
-                .filter_map(|(k, v)| Some(Requirement { key: k.clone(), op: Op::Eq(v.as_str()?.to_string()) }))
+                .filter_map(|(k, v)| {
+                    Some(Requirement {
+                        key: k.clone(),
+                        op: Op::Eq(v.as_str()?.to_string()),
+                    })
+                })
                 .collect(),
         )
     }
@@ -194,10 +236,14 @@ impl FieldSelector {
             } else if let Some((k, v)) = part.split_once('=') {
                 (k, false, v)
             } else {
-                return Err(Error::Syntax(format!("invalid field selector {part:?}: expected field=value")));
+                return Err(Error::Syntax(format!(
+                    "invalid field selector {part:?}: expected field=value"
+                )));
             };
             let k = k.trim();
-            if !matches!(k, "metadata.name" | "metadata.namespace") && !supported_fields(kind).contains(&k) {
+            if !matches!(k, "metadata.name" | "metadata.namespace")
+                && !supported_fields(kind).contains(&k)
+            {
                 return Err(Error::UnsupportedField(format!("\"{k}\"")));
             }
             terms.push((k.to_string(), neg, v.trim().to_string()));
@@ -209,9 +255,18 @@ impl FieldSelector {
         self.0.is_empty()
     }
 
+    /// Only `metadata.name`/`metadata.namespace` terms (checkable on the
+    /// cheap metadata-only parse).
+    pub fn metadata_only(&self) -> bool {
+        self.0.iter().all(|(k, _, _)| k.starts_with("metadata."))
+    }
+
     /// The name an `metadata.name=X` term pins, if any.
     pub fn name(&self) -> Option<&str> {
-        self.0.iter().find(|(k, neg, _)| k == "metadata.name" && !neg).map(|(_, _, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, neg, _)| k == "metadata.name" && !neg)
+            .map(|(_, _, v)| v.as_str())
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
@@ -265,9 +320,20 @@ mod tests {
     #[test]
     fn field_selectors() {
         let pod = json!({"metadata": {"name": "p", "namespace": "d"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
-        assert!(FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "Pod").unwrap().matches(&pod));
-        assert!(!FieldSelector::parse("spec.nodeName=", "Pod").unwrap().matches(&pod));
+        assert!(
+            FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "Pod")
+                .unwrap()
+                .matches(&pod)
+        );
+        assert!(!FieldSelector::parse("spec.nodeName=", "Pod")
+            .unwrap()
+            .matches(&pod));
         assert!(FieldSelector::parse("spec.bogus=1", "Pod").is_err());
-        assert_eq!(FieldSelector::parse("metadata.name=p", "Pod").unwrap().name(), Some("p"));
+        assert_eq!(
+            FieldSelector::parse("metadata.name=p", "Pod")
+                .unwrap()
+                .name(),
+            Some("p")
+        );
     }
 }

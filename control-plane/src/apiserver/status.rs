@@ -20,7 +20,11 @@ pub struct Cause {
 
 impl Cause {
     pub fn required(field: impl Into<String>) -> Self {
-        Cause { reason: "FieldValueRequired", field: field.into(), message: "Required value".into() }
+        Cause {
+            reason: "FieldValueRequired",
+            field: field.into(),
+            message: "Required value".into(),
+        }
     }
     pub fn invalid(field: impl Into<String>, value: &str, detail: &str) -> Self {
         Cause {
@@ -34,14 +38,25 @@ impl Cause {
         Cause {
             reason: "FieldValueNotSupported",
             field: field.into(),
-            message: format!("Unsupported value: {value:?}: supported values: {}", allowed.join(", ")),
+            message: format!(
+                "Unsupported value: {value:?}: supported values: {}",
+                allowed.join(", ")
+            ),
         }
     }
     pub fn duplicate(field: impl Into<String>, value: &str) -> Self {
-        Cause { reason: "FieldValueDuplicate", field: field.into(), message: format!("Duplicate value: {value:?}") }
+        Cause {
+            reason: "FieldValueDuplicate",
+            field: field.into(),
+            message: format!("Duplicate value: {value:?}"),
+        }
     }
     pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
-        Cause { reason: "FieldValueForbidden", field: field.into(), message: format!("Forbidden: {detail}") }
+        Cause {
+            reason: "FieldValueForbidden",
+            field: field.into(),
+            message: format!("Forbidden: {detail}"),
+        }
     }
 }
 
@@ -72,7 +87,12 @@ fn details(group: &str, plural: &str, name: &str) -> Value {
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
@@ -84,18 +104,30 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
     pub fn not_found_path(path: &str) -> Self {
-        Self::new(404, "NotFound", format!("the server could not find the requested resource (path {path})"))
+        Self::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource (path {path})"),
+        )
     }
     pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
         ApiError {
             details: Some(details(group, plural, name)),
-            ..Self::new(404, "NotFound", format!("{} {name:?} not found", qualified(group, plural)))
+            ..Self::new(
+                404,
+                "NotFound",
+                format!("{} {name:?} not found", qualified(group, plural)),
+            )
         }
     }
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
         ApiError {
             details: Some(details(group, plural, name)),
-            ..Self::new(409, "AlreadyExists", format!("{} {name:?} already exists", qualified(group, plural)))
+            ..Self::new(
+                409,
+                "AlreadyExists",
+                format!("{} {name:?} already exists", qualified(group, plural)),
+            )
         }
     }
     pub fn conflict(group: &str, plural: &str, name: &str, why: &str) -> Self {
@@ -104,7 +136,10 @@ impl ApiError {
             ..Self::new(
                 409,
                 "Conflict",
-                format!("Operation cannot be fulfilled on {} {name:?}: {why}", qualified(group, plural)),
+                format!(
+                    "Operation cannot be fulfilled on {} {name:?}: {why}",
+                    qualified(group, plural)
+                ),
             )
         }
     }
@@ -126,26 +161,51 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
     pub fn too_large() -> Self {
-        Self::new(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728")
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            "Request entity too large: limit is 3145728",
+        )
     }
     pub fn unsupported_media(ct: &str) -> Self {
         Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ct:?})"))
     }
     pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
-        let list: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
-        let joined = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
-        let qkind = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
+        let list: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
+        let joined = if list.len() == 1 {
+            list[0].clone()
+        } else {
+            format!("[{}]", list.join(", "))
+        };
+        let qkind = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
         let causes_json: Vec<Value> = causes
             .iter()
             .map(|c| json!({ "reason": c.reason, "message": c.message, "field": c.field }))
             .collect();
         ApiError {
-            details: Some(json!({ "name": name, "group": group, "kind": kind, "causes": causes_json })),
-            ..Self::new(422, "Invalid", format!("{qkind} {name:?} is invalid: {joined}"))
+            details: Some(
+                json!({ "name": name, "group": group, "kind": kind, "causes": causes_json }),
+            ),
+            ..Self::new(
+                422,
+                "Invalid",
+                format!("{qkind} {name:?} is invalid: {joined}"),
+            )
         }
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(503, "ServiceUnavailable", message)
@@ -157,9 +217,12 @@ impl ApiError {
             store::Error::NotFound { .. } => Self::not_found(group, plural, name),
             store::Error::AlreadyExists { .. } => Self::already_exists(group, plural, name),
             store::Error::Conflict { .. } => Self::stale(group, plural, name),
-            store::Error::Compacted { requested, compacted } => {
-                Self::gone(format!("too old resource version: {requested} ({compacted})"))
-            }
+            store::Error::Compacted {
+                requested,
+                compacted,
+            } => Self::gone(format!(
+                "too old resource version: {requested} ({compacted})"
+            )),
             store::Error::FutureRevision { .. } => {
                 ApiError::new(504, "Timeout", "Too large resource version")
             }
@@ -197,9 +260,20 @@ mod tests {
 
     #[test]
     fn invalid_message_matches_upstream() {
-        let e = ApiError::invalid("Pod", "", "p", vec![Cause::required("spec.containers[0].image")]);
-        assert_eq!(e.message, "Pod \"p\" is invalid: spec.containers[0].image: Required value");
-        assert_eq!(e.to_status()["details"]["causes"][0]["field"], "spec.containers[0].image");
+        let e = ApiError::invalid(
+            "Pod",
+            "",
+            "p",
+            vec![Cause::required("spec.containers[0].image")],
+        );
+        assert_eq!(
+            e.message,
+            "Pod \"p\" is invalid: spec.containers[0].image: Required value"
+        );
+        assert_eq!(
+            e.to_status()["details"]["causes"][0]["field"],
+            "spec.containers[0].image"
+        );
         let e = ApiError::not_found("apps", "deployments", "d");
         assert_eq!(e.message, "deployments.apps \"d\" not found");
     }

@@ -9,13 +9,21 @@ use bytes::Bytes;
 use http::{Method, Response};
 use serde_json::{json, Value};
 
-use super::handlers::{self, delete_one, get_object, prepare_update, write_update, Attempt, DeleteOptions};
+use super::handlers::{
+    self, delete_one, get_object, prepare_update, write_update, Attempt, DeleteOptions,
+};
 use super::objects::{self, meta_mut};
 use super::patch::{self, PatchType};
 use super::status::{ApiError, ApiResult};
 use super::{decode_body, json_response, ApiServer, Req};
 
-pub(crate) async fn dispatch(api: &Arc<ApiServer>, method: &Method, r: Req, sub: &str, body: Bytes) -> ApiResult<Response<Body>> {
+pub(crate) async fn dispatch(
+    api: &Arc<ApiServer>,
+    method: &Method,
+    r: Req,
+    sub: &str,
+    body: Bytes,
+) -> ApiResult<Response<Body>> {
     let def = r.def;
     let known = def.subresources().into_iter().any(|(s, _, _)| s == sub);
     if !known || r.name.is_none() {
@@ -33,21 +41,32 @@ pub(crate) async fn dispatch(api: &Arc<ApiServer>, method: &Method, r: Req, sub:
             let (_, pod) = get_object(api, &r).await?;
             let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
             if node.is_empty() {
-                return Err(ApiError::bad_request(format!("pod {} is not yet scheduled to a node", r.name())));
+                return Err(ApiError::bad_request(format!(
+                    "pod {} is not yet scheduled to a node",
+                    r.name()
+                )));
             }
             Err(ApiError::unavailable(format!(
                 "pods/{sub} for pod {:?} on node {node:?}: not yet connected to node (the API server does not proxy to agents yet)",
                 r.name()
             )))
         }
-        (_, m) => Err(ApiError::method_not_allowed(format!("{m} is not supported on {}/{sub}", def.plural))),
+        (_, m) => Err(ApiError::method_not_allowed(format!(
+            "{m} is not supported on {}/{sub}",
+            def.plural
+        ))),
     }
 }
 
 fn scale_of(obj: &Value) -> Value {
     let sel = obj["spec"]["selector"]["matchLabels"]
         .as_object()
-        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(","))
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
         .unwrap_or_default();
     let meta = &obj["metadata"];
     json!({
@@ -63,7 +82,12 @@ fn scale_of(obj: &Value) -> Value {
 }
 
 /// `/scale`: a `Scale` view of spec.replicas; writes go to the parent.
-async fn scale(api: &Arc<ApiServer>, r: &Req, method: &Method, body: Bytes) -> ApiResult<Response<Body>> {
+async fn scale(
+    api: &Arc<ApiServer>,
+    r: &Req,
+    method: &Method,
+    body: Bytes,
+) -> ApiResult<Response<Body>> {
     for _ in 0..8 {
         let (cur, old) = get_object(api, r).await?;
         let current = scale_of(&old);
@@ -71,21 +95,36 @@ async fn scale(api: &Arc<ApiServer>, r: &Req, method: &Method, body: Bytes) -> A
             Method::GET => return Ok(json_response(200, &current)),
             Method::PUT => decode_body(&body, r.content_type())?,
             Method::PATCH => {
-                let pt = PatchType::from_content_type(r.content_type()).ok_or_else(|| ApiError::unsupported_media(r.content_type()))?;
-                patch::apply(&current, &body, pt, "Scale").map_err(|e| ApiError::bad_request(e.to_string()))?
+                let pt = PatchType::from_content_type(r.content_type())
+                    .ok_or_else(|| ApiError::unsupported_media(r.content_type()))?;
+                patch::apply(&current, &body, pt, "Scale")
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?
             }
-            ref m => return Err(ApiError::method_not_allowed(format!("{m} is not supported on scale"))),
+            ref m => {
+                return Err(ApiError::method_not_allowed(format!(
+                    "{m} is not supported on scale"
+                )))
+            }
         };
-        let precondition = wanted["metadata"]["resourceVersion"].as_str().filter(|s| !s.is_empty());
+        let precondition = wanted["metadata"]["resourceVersion"]
+            .as_str()
+            .filter(|s| !s.is_empty());
         if precondition.is_some_and(|rv| rv != cur.mod_revision.to_string()) {
             return Err(ApiError::stale(r.def.group, r.def.plural, r.name()));
         }
-        let replicas = wanted["spec"]["replicas"].as_i64().ok_or_else(|| ApiError::bad_request("scale: spec.replicas must be an integer"))?;
+        let replicas = wanted["spec"]["replicas"]
+            .as_i64()
+            .ok_or_else(|| ApiError::bad_request("scale: spec.replicas must be an integer"))?;
         let mut new = old.clone();
         new["spec"]["replicas"] = json!(replicas);
         let new = prepare_update(r.def, None, &old, new);
-        let main = Req { sub: None, ..clone_req(r) };
-        if let Attempt::Done(v) = write_update(api, &main, &cur, &old, new, precondition.is_some()).await? {
+        let main = Req {
+            sub: None,
+            ..clone_req(r)
+        };
+        if let Attempt::Done(v) =
+            write_update(api, &main, &cur, &old, new, precondition.is_some()).await?
+        {
             return Ok(json_response(200, &scale_of(&v)));
         }
     }
@@ -113,20 +152,43 @@ fn success(kind: &str, name: &str, code: u16) -> Value {
 /// `pods/binding`: the scheduler's write of spec.nodeName.
 async fn binding(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
     let b = decode_body(&body, r.content_type())?;
-    let target = b["target"]["name"].as_str().filter(|s| !s.is_empty()).ok_or_else(|| {
-        ApiError::invalid("Binding", "", r.name(), vec![super::status::Cause::required("target.name")])
-    })?;
+    let target = b["target"]["name"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "Binding",
+                "",
+                r.name(),
+                vec![super::status::Cause::required("target.name")],
+            )
+        })?;
     for _ in 0..8 {
         let (cur, old) = get_object(api, r).await?;
         if objects::has_deletion_timestamp(&old) {
-            return Err(ApiError::conflict("", "pods", r.name(), "pod is being deleted, cannot be assigned to a host"));
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                r.name(),
+                "pod is being deleted, cannot be assigned to a host",
+            ));
         }
         if let Some(n) = old["spec"]["nodeName"].as_str().filter(|s| !s.is_empty()) {
-            return Err(ApiError::conflict("", "pods", r.name(), &format!("pod {} is already assigned to node {n:?}", r.name())));
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                r.name(),
+                &format!("pod {} is already assigned to node {n:?}", r.name()),
+            ));
         }
         if let Some(uid) = b["metadata"]["uid"].as_str().filter(|s| !s.is_empty()) {
             if objects::meta_str(&old, "uid") != Some(uid) {
-                return Err(ApiError::conflict("", "pods", r.name(), "the pod's UID does not match the binding's"));
+                return Err(ApiError::conflict(
+                    "",
+                    "pods",
+                    r.name(),
+                    "the pod's UID does not match the binding's",
+                ));
             }
         }
         let mut new = old.clone();
@@ -138,11 +200,25 @@ async fn binding(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Respon
                 a[k] = v.clone();
             }
         }
-        let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
-        let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
+        let conds = new["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut conds: Vec<Value> = conds
+            .into_iter()
+            .filter(|c| c["type"] != "PodScheduled")
+            .collect();
         conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": objects::now_rfc3339()}));
         new["status"]["conditions"] = json!(conds);
-        match api.store.update(&cur.key, super::objects::encode_for_store(&new), cur.mod_revision).await {
+        match api
+            .store
+            .update(
+                &cur.key,
+                super::objects::encode_for_store(&new),
+                cur.mod_revision,
+            )
+            .await
+        {
             Ok(_) => return Ok(json_response(201, &success("pods", r.name(), 201))),
             Err(crate::store::Error::Conflict { .. }) => continue,
             Err(e) => return Err(ApiError::from_store(e, "", "pods", r.name())),
@@ -160,9 +236,14 @@ async fn eviction(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Respo
         let d = &e["deleteOptions"];
         opts.grace = d["gracePeriodSeconds"].as_i64();
         opts.uid = d["preconditions"]["uid"].as_str().map(String::from);
-        opts.resource_version = d["preconditions"]["resourceVersion"].as_str().map(String::from);
+        opts.resource_version = d["preconditions"]["resourceVersion"]
+            .as_str()
+            .map(String::from);
     }
-    let main = Req { sub: None, ..clone_req(r) };
+    let main = Req {
+        sub: None,
+        ..clone_req(r)
+    };
     delete_one(api, &main, &opts).await?;
     Ok(json_response(201, &success("pods", r.name(), 201)))
 }
@@ -178,7 +259,10 @@ async fn finalize(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResult<Respo
         if new["spec"]["finalizers"].is_null() {
             new["spec"]["finalizers"] = json!([]);
         }
-        let main = Req { sub: Some("finalize".into()), ..clone_req(r) };
+        let main = Req {
+            sub: Some("finalize".into()),
+            ..clone_req(r)
+        };
         if let Attempt::Done(v) = write_update(api, &main, &cur, &old, new, false).await? {
             return Ok(json_response(200, &v));
         }

@@ -9,14 +9,38 @@ use super::resources::ResourceDef;
 
 /// Whether the Accept header asks for a Table.
 pub fn wants_table(accept: &str) -> bool {
-    accept.split(',').any(|a| a.contains("as=Table") && a.contains("g=meta.k8s.io"))
+    accept
+        .split(',')
+        .any(|a| a.contains("as=Table") && a.contains("g=meta.k8s.io"))
+}
+
+/// Whether the Accept header asks for metadata only
+/// (`as=PartialObjectMetadata[List]`, used by metadata informers).
+pub fn wants_metadata(accept: &str) -> bool {
+    accept
+        .split(',')
+        .any(|a| a.contains("as=PartialObjectMetadata") && a.contains("g=meta.k8s.io"))
+}
+
+/// An object reduced to `PartialObjectMetadata`.
+pub fn partial_metadata(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+    })
 }
 
 /// (name, type, priority, description)
 type Col = (&'static str, &'static str, u8, &'static str);
 
 fn columns(def: &ResourceDef) -> Vec<Col> {
-    let name: Col = ("Name", "string", 0, "Name must be unique within a namespace.");
+    let name: Col = (
+        "Name",
+        "string",
+        0,
+        "Name must be unique within a namespace.",
+    );
     let age: Col = ("Age", "string", 0, "CreationTimestamp is a timestamp representing the server time when this object was created.");
     let mut cols = vec![name];
     let rest: Vec<Col> = match (def.group, def.kind) {
@@ -150,7 +174,13 @@ pub fn column_definitions(def: &ResourceDef) -> Value {
 
 /// A whole Table for `objs`. `include_object` is `None`, `Metadata` (the
 /// default) or `Object`.
-pub fn table(def: &ResourceDef, objs: &[Value], list_meta: Value, include_object: &str, with_columns: bool) -> Value {
+pub fn table(
+    def: &ResourceDef,
+    objs: &[Value],
+    list_meta: Value,
+    include_object: &str,
+    with_columns: bool,
+) -> Value {
     let rows: Vec<Value> = objs.iter().map(|o| row(def, o, include_object)).collect();
     let mut t = json!({
         "kind": "Table",
@@ -200,7 +230,9 @@ fn or_none(s: String) -> String {
 }
 
 fn age_of(obj: &Value) -> String {
-    objects::meta_str(obj, "creationTimestamp").map(since).unwrap_or_else(|| "<unknown>".into())
+    objects::meta_str(obj, "creationTimestamp")
+        .map(since)
+        .unwrap_or_else(|| "<unknown>".into())
 }
 
 /// Human age of a timestamp, like upstream's `translateTimestampSince`.
@@ -225,7 +257,11 @@ pub fn human_duration(secs: i64) -> String {
     let minutes = secs / 60;
     if minutes < 10 {
         let s = secs % 60;
-        return if s == 0 { format!("{minutes}m") } else { format!("{minutes}m{s}s") };
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
     }
     if minutes < 180 {
         return format!("{minutes}m");
@@ -233,27 +269,42 @@ pub fn human_duration(secs: i64) -> String {
     let hours = secs / 3600;
     if hours < 8 {
         let m = minutes % 60;
-        return if m == 0 { format!("{hours}h") } else { format!("{hours}h{m}m") };
+        return if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        };
     }
     if hours < 48 {
         return format!("{hours}h");
     }
     if hours < 24 * 8 {
         let h = hours % 24;
-        return if h == 0 { format!("{}d", hours / 24) } else { format!("{}d{}h", hours / 24, h) };
+        return if h == 0 {
+            format!("{}d", hours / 24)
+        } else {
+            format!("{}d{}h", hours / 24, h)
+        };
     }
     if hours < 24 * 365 * 2 {
         return format!("{}d", hours / 24);
     }
     if hours < 24 * 365 * 8 {
         let dy = (hours / 24) % 365;
-        return if dy == 0 { format!("{}y", hours / 24 / 365) } else { format!("{}y{}d", hours / 24 / 365, dy) };
+        return if dy == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{}d", hours / 24 / 365, dy)
+        };
     }
     format!("{}y", hours / 24 / 365)
 }
 
 fn template_containers(obj: &Value) -> (String, String) {
-    let cs = obj["spec"]["template"]["spec"]["containers"].as_array().cloned().unwrap_or_default();
+    let cs = obj["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let names: Vec<String> = cs.iter().map(|c| s(&c["name"])).collect();
     let images: Vec<String> = cs.iter().map(|c| s(&c["image"])).collect();
     (names.join(","), images.join(","))
@@ -266,7 +317,12 @@ fn selector_string(sel: &Value) -> String {
     }
     if let Some(exprs) = sel["matchExpressions"].as_array() {
         for e in exprs {
-            let vals: Vec<String> = e["values"].as_array().into_iter().flatten().map(s).collect();
+            let vals: Vec<String> = e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(s)
+                .collect();
             let op = s(&e["operator"]);
             let key = s(&e["key"]);
             parts.push(match op.as_str() {
@@ -334,9 +390,22 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
             let ext: Vec<String> = match ty.as_str() {
                 "ExternalName" => vec![s(&spec["externalName"])],
                 _ => {
-                    let mut v: Vec<String> = spec["externalIPs"].as_array().into_iter().flatten().map(s).collect();
-                    for ing in st["loadBalancer"]["ingress"].as_array().into_iter().flatten() {
-                        v.push(if ing["ip"].is_string() { s(&ing["ip"]) } else { s(&ing["hostname"]) });
+                    let mut v: Vec<String> = spec["externalIPs"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(s)
+                        .collect();
+                    for ing in st["loadBalancer"]["ingress"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                    {
+                        v.push(if ing["ip"].is_string() {
+                            s(&ing["ip"])
+                        } else {
+                            s(&ing["hostname"])
+                        });
                     }
                     if v.is_empty() && ty == "LoadBalancer" {
                         v.push("<pending>".into());
@@ -371,7 +440,11 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
             let (c, im) = template_containers(obj);
             vec![
                 name,
-                json!(format!("{}/{}", i(&st["readyReplicas"]), i(&spec["replicas"]))),
+                json!(format!(
+                    "{}/{}",
+                    i(&st["readyReplicas"]),
+                    i(&spec["replicas"])
+                )),
                 json!(i(&st["updatedReplicas"])),
                 json!(i(&st["availableReplicas"])),
                 age,
@@ -416,7 +489,11 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
         ("batch", "Job") => {
             let (c, im) = template_containers(obj);
             let conds = st["conditions"].as_array().cloned().unwrap_or_default();
-            let has = |t: &str| conds.iter().any(|c| c["type"] == t && c["status"] == "True");
+            let has = |t: &str| {
+                conds
+                    .iter()
+                    .any(|c| c["type"] == t && c["status"] == "True")
+            };
             let status = if has("Complete") {
                 "Complete"
             } else if has("Failed") {
@@ -443,12 +520,26 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
                     }
                 }
             };
-            let duration = match (st["startTime"].as_str().and_then(parse_time), st["completionTime"].as_str().and_then(parse_time)) {
+            let duration = match (
+                st["startTime"].as_str().and_then(parse_time),
+                st["completionTime"].as_str().and_then(parse_time),
+            ) {
                 (Some(a), Some(b)) => human_duration(b.signed_duration_since(a).num_seconds()),
-                (Some(a), None) => human_duration(chrono::Utc::now().signed_duration_since(a).num_seconds()),
+                (Some(a), None) => {
+                    human_duration(chrono::Utc::now().signed_duration_since(a).num_seconds())
+                }
                 _ => String::new(),
             };
-            vec![name, json!(status), json!(completions), json!(duration), age, json!(c), json!(im), json!(selector_string(&spec["selector"]))]
+            vec![
+                name,
+                json!(status),
+                json!(completions),
+                json!(duration),
+                age,
+                json!(c),
+                json!(im),
+                json!(selector_string(&spec["selector"])),
+            ]
         }
         ("", "Event") => {
             let last = obj["lastTimestamp"]
@@ -457,7 +548,10 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
                 .or_else(|| objects::meta_str(obj, "creationTimestamp"))
                 .map(since)
                 .unwrap_or_else(|| "<unknown>".into());
-            let first = obj["firstTimestamp"].as_str().map(since).unwrap_or_else(|| "<unknown>".into());
+            let first = obj["firstTimestamp"]
+                .as_str()
+                .map(since)
+                .unwrap_or_else(|| "<unknown>".into());
             let io = &obj["involvedObject"];
             let object = format!("{}/{}", s(&io["kind"]).to_lowercase(), s(&io["name"]));
             let source = match (s(&obj["source"]["component"]), s(&obj["source"]["host"])) {
@@ -479,7 +573,8 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
             ]
         }
         ("", "ConfigMap") => {
-            let n = obj["data"].as_object().map_or(0, |m| m.len()) + obj["binaryData"].as_object().map_or(0, |m| m.len());
+            let n = obj["data"].as_object().map_or(0, |m| m.len())
+                + obj["binaryData"].as_object().map_or(0, |m| m.len());
             vec![name, json!(n), age]
         }
         ("", "Secret") => {
@@ -490,7 +585,12 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
             let mut eps: Vec<String> = Vec::new();
             for sub in obj["subsets"].as_array().into_iter().flatten() {
                 for a in sub["addresses"].as_array().into_iter().flatten() {
-                    let ports: Vec<i64> = sub["ports"].as_array().into_iter().flatten().map(|p| i(&p["port"])).collect();
+                    let ports: Vec<i64> = sub["ports"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|p| i(&p["port"]))
+                        .collect();
                     if ports.is_empty() {
                         eps.push(s(&a["ip"]));
                     }
@@ -499,13 +599,26 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
                     }
                 }
             }
-            let shown = if eps.len() > 3 { format!("{} + {} more...", eps[..3].join(","), eps.len() - 3) } else { eps.join(",") };
+            let shown = if eps.len() > 3 {
+                format!("{} + {} more...", eps[..3].join(","), eps.len() - 3)
+            } else {
+                eps.join(",")
+            };
             vec![name, json!(or_none(shown)), age]
         }
-        ("", "ServiceAccount") => vec![name, json!(obj["secrets"].as_array().map_or(0, |a| a.len())), age],
+        ("", "ServiceAccount") => vec![
+            name,
+            json!(obj["secrets"].as_array().map_or(0, |a| a.len())),
+            age,
+        ],
         ("coordination.k8s.io", "Lease") => vec![name, json!(s(&spec["holderIdentity"])), age],
         ("discovery.k8s.io", "EndpointSlice") => {
-            let ports: Vec<String> = obj["ports"].as_array().into_iter().flatten().map(|p| i(&p["port"]).to_string()).collect();
+            let ports: Vec<String> = obj["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| i(&p["port"]).to_string())
+                .collect();
             let addrs: Vec<String> = obj["endpoints"]
                 .as_array()
                 .into_iter()
@@ -513,26 +626,50 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
                 .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
                 .map(|a| s(&a))
                 .collect();
-            let shown = if addrs.len() > 3 { format!("{} + {} more...", addrs[..3].join(","), addrs.len() - 3) } else { addrs.join(",") };
-            vec![name, json!(s(&obj["addressType"])), json!(or_unset(ports.join(","))), json!(or_unset(shown)), age]
+            let shown = if addrs.len() > 3 {
+                format!("{} + {} more...", addrs[..3].join(","), addrs.len() - 3)
+            } else {
+                addrs.join(",")
+            };
+            vec![
+                name,
+                json!(s(&obj["addressType"])),
+                json!(or_unset(ports.join(","))),
+                json!(or_unset(shown)),
+                age,
+            ]
         }
         ("rbac.authorization.k8s.io", "Role") | ("rbac.authorization.k8s.io", "ClusterRole") => {
-            vec![name, json!(objects::meta_str(obj, "creationTimestamp").unwrap_or_default())]
+            vec![
+                name,
+                json!(objects::meta_str(obj, "creationTimestamp").unwrap_or_default()),
+            ]
         }
-        ("rbac.authorization.k8s.io", "RoleBinding") | ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+        ("rbac.authorization.k8s.io", "RoleBinding")
+        | ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
             let subj = |k: &str| -> String {
                 let v: Vec<String> = obj["subjects"]
                     .as_array()
                     .into_iter()
                     .flatten()
                     .filter(|x| x["kind"] == k)
-                    .map(|x| if k == "ServiceAccount" { format!("{}/{}", s(&x["namespace"]), s(&x["name"])) } else { s(&x["name"]) })
+                    .map(|x| {
+                        if k == "ServiceAccount" {
+                            format!("{}/{}", s(&x["namespace"]), s(&x["name"]))
+                        } else {
+                            s(&x["name"])
+                        }
+                    })
                     .collect();
                 v.join(", ")
             };
             vec![
                 name,
-                json!(format!("{}/{}", s(&obj["roleRef"]["kind"]), s(&obj["roleRef"]["name"]))),
+                json!(format!(
+                    "{}/{}",
+                    s(&obj["roleRef"]["kind"]),
+                    s(&obj["roleRef"]["name"])
+                )),
                 age,
                 json!(subj("User")),
                 json!(subj("Group")),
@@ -563,15 +700,28 @@ fn or_unset(s: String) -> String {
 fn pod_cells(pod: &Value, name: Value, age: Value) -> Vec<Value> {
     let spec = &pod["spec"];
     let st = &pod["status"];
-    let init_specs = spec["initContainers"].as_array().cloned().unwrap_or_default();
-    let restartable = |n: &str| init_specs.iter().any(|c| c["name"] == n && c["restartPolicy"] == "Always");
+    let init_specs = spec["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let restartable = |n: &str| {
+        init_specs
+            .iter()
+            .any(|c| c["name"] == n && c["restartPolicy"] == "Always")
+    };
     let mut total = spec["containers"].as_array().map_or(0, |a| a.len());
-    total += init_specs.iter().filter(|c| c["restartPolicy"] == "Always").count();
+    total += init_specs
+        .iter()
+        .filter(|c| c["restartPolicy"] == "Always")
+        .count();
     let mut ready = 0usize;
     let mut restarts = 0i64;
     let mut last_restart: Option<chrono::DateTime<chrono::Utc>> = None;
     let mut note_restart = |c: &Value| {
-        if let Some(t) = c["lastState"]["terminated"]["finishedAt"].as_str().and_then(parse_time) {
+        if let Some(t) = c["lastState"]["terminated"]["finishedAt"]
+            .as_str()
+            .and_then(parse_time)
+        {
             if last_restart.is_none_or(|l| t > l) {
                 last_restart = Some(t);
             }
@@ -587,9 +737,16 @@ fn pod_cells(pod: &Value, name: Value, age: Value) -> Vec<Value> {
         }
     }
     let conds = st["conditions"].as_array().cloned().unwrap_or_default();
-    let cond_true = |t: &str| conds.iter().any(|c| c["type"] == t && c["status"] == "True");
+    let cond_true = |t: &str| {
+        conds
+            .iter()
+            .any(|c| c["type"] == t && c["status"] == "True")
+    };
     let mut initializing = false;
-    let init_statuses = st["initContainerStatuses"].as_array().cloned().unwrap_or_default();
+    let init_statuses = st["initContainerStatuses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let mut restartable_restarts = 0i64;
     for (idx, c) in init_statuses.iter().enumerate() {
         restarts += i(&c["restartCount"]);
@@ -615,7 +772,10 @@ fn pod_cells(pod: &Value, name: Value, age: Value) -> Vec<Value> {
                 None if i(&term["signal"]) != 0 => format!("Init:Signal:{}", i(&term["signal"])),
                 None => format!("Init:ExitCode:{}", i(&term["exitCode"])),
             };
-        } else if let Some(r) = wait["reason"].as_str().filter(|r| !r.is_empty() && *r != "PodInitializing") {
+        } else if let Some(r) = wait["reason"]
+            .as_str()
+            .filter(|r| !r.is_empty() && *r != "PodInitializing")
+        {
             reason = format!("Init:{r}");
         } else {
             reason = format!("Init:{}/{}", idx, init_specs.len());
@@ -626,12 +786,18 @@ fn pod_cells(pod: &Value, name: Value, age: Value) -> Vec<Value> {
     if !initializing || cond_true("Initialized") {
         restarts = restartable_restarts;
         let mut has_running = false;
-        let statuses = st["containerStatuses"].as_array().cloned().unwrap_or_default();
+        let statuses = st["containerStatuses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         for c in statuses.iter().rev() {
             restarts += i(&c["restartCount"]);
             note_restart(c);
             let term = &c["state"]["terminated"];
-            if let Some(r) = c["state"]["waiting"]["reason"].as_str().filter(|r| !r.is_empty()) {
+            if let Some(r) = c["state"]["waiting"]["reason"]
+                .as_str()
+                .filter(|r| !r.is_empty())
+            {
                 reason = r.to_string();
             } else if let Some(r) = term["reason"].as_str().filter(|r| !r.is_empty()) {
                 reason = r.to_string();
@@ -647,7 +813,11 @@ fn pod_cells(pod: &Value, name: Value, age: Value) -> Vec<Value> {
             }
         }
         if reason == "Completed" && has_running {
-            reason = if cond_true("Ready") { "Running".into() } else { "NotReady".into() };
+            reason = if cond_true("Ready") {
+                "Running".into()
+            } else {
+                "NotReady".into()
+            };
         }
     }
     let phase = s(&st["phase"]);
@@ -657,7 +827,10 @@ fn pod_cells(pod: &Value, name: Value, age: Value) -> Vec<Value> {
         reason = "Terminating".into();
     }
     let restarts_str = match last_restart {
-        Some(t) if restarts > 0 => format!("{restarts} ({} ago)", human_duration(chrono::Utc::now().signed_duration_since(t).num_seconds())),
+        Some(t) if restarts > 0 => format!(
+            "{restarts} ({} ago)",
+            human_duration(chrono::Utc::now().signed_duration_since(t).num_seconds())
+        ),
         _ => restarts.to_string(),
     };
     let ip = st["podIPs"]
@@ -666,13 +839,20 @@ fn pod_cells(pod: &Value, name: Value, age: Value) -> Vec<Value> {
         .map(|p| s(&p["ip"]))
         .or_else(|| st["podIP"].as_str().map(String::from))
         .unwrap_or_default();
-    let gates = spec["readinessGates"].as_array().cloned().unwrap_or_default();
+    let gates = spec["readinessGates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let gates_str = if gates.is_empty() {
         "<none>".to_string()
     } else {
         let ok = gates
             .iter()
-            .filter(|g| conds.iter().any(|c| c["type"] == g["conditionType"] && c["status"] == "True"))
+            .filter(|g| {
+                conds
+                    .iter()
+                    .any(|c| c["type"] == g["conditionType"] && c["status"] == "True")
+            })
             .count();
         format!("{ok}/{}", gates.len())
     };

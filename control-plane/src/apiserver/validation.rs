@@ -23,7 +23,10 @@ pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<Cause> {
     labels(obj, &mut c);
     match (def.group, def.kind) {
         ("", "Pod") => pod_spec("spec", obj.get("spec"), &mut c, false),
-        ("apps", "Deployment") | ("apps", "ReplicaSet") | ("apps", "DaemonSet") | ("batch", "Job") => workload(def, obj, &mut c),
+        ("apps", "Deployment")
+        | ("apps", "ReplicaSet")
+        | ("apps", "DaemonSet")
+        | ("batch", "Job") => workload(def, obj, &mut c),
         ("", "Service") => service(obj, &mut c),
         ("", "ConfigMap") | ("", "Secret") => data_keys(obj, &mut c),
         _ => {}
@@ -35,14 +38,19 @@ fn path_segment_name(name: &str, c: &mut Vec<Cause>) {
     if name.is_empty() {
         c.push(Cause::required("metadata.name"));
     } else if name == "." || name == ".." || name.contains('/') || name.contains('%') {
-        c.push(Cause::invalid("metadata.name", name, "may not contain '/' or '%' or be '.' or '..'"));
+        c.push(Cause::invalid(
+            "metadata.name",
+            name,
+            "may not contain '/' or '%' or be '.' or '..'",
+        ));
     }
 }
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -74,7 +82,8 @@ fn dns_subdomain(field: &str, s: &str, c: &mut Vec<Cause>) {
 fn is_label_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
-            && v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
             && v.starts_with(|ch: char| ch.is_ascii_alphanumeric())
             && v.ends_with(|ch: char| ch.is_ascii_alphanumeric()))
 }
@@ -119,7 +128,13 @@ fn pod_spec(path: &str, spec: Option<&Value>, c: &mut Vec<Cause>, template: bool
     }
     let mut names: Vec<&str> = Vec::new();
     for field in ["initContainers", "containers"] {
-        for (i, ctr) in spec.get(field).and_then(Value::as_array).into_iter().flatten().enumerate() {
+        for (i, ctr) in spec
+            .get(field)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let p = format!("{path}.{field}[{i}]");
             let name = ctr.get("name").and_then(Value::as_str).unwrap_or_default();
             dns_label(&format!("{p}.name"), name, c);
@@ -127,25 +142,55 @@ fn pod_spec(path: &str, spec: Option<&Value>, c: &mut Vec<Cause>, template: bool
                 c.push(Cause::duplicate(format!("{p}.name"), name));
             }
             names.push(name);
-            if ctr.get("image").and_then(Value::as_str).unwrap_or_default().trim().is_empty() {
+            if ctr
+                .get("image")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .trim()
+                .is_empty()
+            {
                 c.push(Cause::required(format!("{p}.image")));
             }
-            for (j, port) in ctr.get("ports").and_then(Value::as_array).into_iter().flatten().enumerate() {
-                let n = port.get("containerPort").and_then(Value::as_i64).unwrap_or(0);
+            for (j, port) in ctr
+                .get("ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let n = port
+                    .get("containerPort")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
                 if !(1..=65535).contains(&n) {
-                    c.push(Cause::invalid(format!("{p}.ports[{j}].containerPort"), &n.to_string(), "must be between 1 and 65535, inclusive"));
+                    c.push(Cause::invalid(
+                        format!("{p}.ports[{j}].containerPort"),
+                        &n.to_string(),
+                        "must be between 1 and 65535, inclusive",
+                    ));
                 }
             }
         }
     }
     if let Some(rp) = spec.get("restartPolicy").and_then(Value::as_str) {
         if !matches!(rp, "Always" | "OnFailure" | "Never") {
-            c.push(Cause::not_supported(format!("{path}.restartPolicy"), rp, &["Always", "OnFailure", "Never"]));
+            c.push(Cause::not_supported(
+                format!("{path}.restartPolicy"),
+                rp,
+                &["Always", "OnFailure", "Never"],
+            ));
         }
     }
     if let Some(dp) = spec.get("dnsPolicy").and_then(Value::as_str) {
-        if !matches!(dp, "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None") {
-            c.push(Cause::not_supported(format!("{path}.dnsPolicy"), dp, &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]));
+        if !matches!(
+            dp,
+            "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None"
+        ) {
+            c.push(Cause::not_supported(
+                format!("{path}.dnsPolicy"),
+                dp,
+                &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"],
+            ));
         }
     }
     let _ = template;
@@ -155,7 +200,11 @@ fn workload(def: &ResourceDef, obj: &Value, c: &mut Vec<Cause>) {
     let spec = &obj["spec"];
     if let Some(r) = spec.get("replicas").and_then(Value::as_i64) {
         if r < 0 {
-            c.push(Cause::invalid("spec.replicas", &r.to_string(), "must be greater than or equal to 0"));
+            c.push(Cause::invalid(
+                "spec.replicas",
+                &r.to_string(),
+                "must be greater than or equal to 0",
+            ));
         }
     }
     let template = &spec["template"];
@@ -167,14 +216,26 @@ fn workload(def: &ResourceDef, obj: &Value, c: &mut Vec<Cause>) {
             None | Some(Value::Null) => c.push(Cause::required("spec.selector")),
             Some(sel) => {
                 let ml = sel.get("matchLabels").and_then(Value::as_object);
-                let has_expr = sel.get("matchExpressions").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+                let has_expr = sel
+                    .get("matchExpressions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| !a.is_empty());
                 if ml.is_none_or(|m| m.is_empty()) && !has_expr {
-                    c.push(Cause::invalid("spec.selector", "{}", "empty selector is invalid for deployment"));
+                    c.push(Cause::invalid(
+                        "spec.selector",
+                        "{}",
+                        "empty selector is invalid for deployment",
+                    ));
                 } else if let Some(ml) = ml {
                     let labels = super::objects::labels(template);
                     if !LabelSelector::from_map(ml).matches_labels(&labels) {
-                        let shown = serde_json::to_string(&template["metadata"]["labels"]).unwrap_or_default();
-                        c.push(Cause::invalid("spec.template.metadata.labels", &shown, "`selector` does not match template `labels`"));
+                        let shown = serde_json::to_string(&template["metadata"]["labels"])
+                            .unwrap_or_default();
+                        c.push(Cause::invalid(
+                            "spec.template.metadata.labels",
+                            &shown,
+                            "`selector` does not match template `labels`",
+                        ));
                     }
                 }
             }
@@ -183,7 +244,11 @@ fn workload(def: &ResourceDef, obj: &Value, c: &mut Vec<Cause>) {
     if def.kind == "Job" {
         if let Some(rp) = template["spec"]["restartPolicy"].as_str() {
             if !matches!(rp, "OnFailure" | "Never") {
-                c.push(Cause::not_supported("spec.template.spec.restartPolicy", rp, &["OnFailure", "Never"]));
+                c.push(Cause::not_supported(
+                    "spec.template.spec.restartPolicy",
+                    rp,
+                    &["OnFailure", "Never"],
+                ));
             }
         } else {
             c.push(Cause::required("spec.template.spec.restartPolicy"));
@@ -194,8 +259,15 @@ fn workload(def: &ResourceDef, obj: &Value, c: &mut Vec<Cause>) {
 fn service(obj: &Value, c: &mut Vec<Cause>) {
     let spec = &obj["spec"];
     let ty = spec["type"].as_str().unwrap_or("ClusterIP");
-    if !matches!(ty, "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName") {
-        c.push(Cause::not_supported("spec.type", ty, &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"]));
+    if !matches!(
+        ty,
+        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    ) {
+        c.push(Cause::not_supported(
+            "spec.type",
+            ty,
+            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
+        ));
     }
     let ports = spec["ports"].as_array();
     let headless = spec["clusterIP"].as_str() == Some("None");
@@ -206,7 +278,11 @@ fn service(obj: &Value, c: &mut Vec<Cause>) {
     for (i, p) in ports.into_iter().flatten().enumerate() {
         let n = p["port"].as_i64().unwrap_or(0);
         if !(1..=65535).contains(&n) {
-            c.push(Cause::invalid(format!("spec.ports[{i}].port"), &n.to_string(), "must be between 1 and 65535, inclusive"));
+            c.push(Cause::invalid(
+                format!("spec.ports[{i}].port"),
+                &n.to_string(),
+                "must be between 1 and 65535, inclusive",
+            ));
         }
         if multi && p["name"].as_str().unwrap_or_default().is_empty() {
             c.push(Cause::required(format!("spec.ports[{i}].name")));
@@ -217,9 +293,16 @@ fn service(obj: &Value, c: &mut Vec<Cause>) {
 fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
     for field in ["data", "binaryData"] {
         for k in obj[field].as_object().into_iter().flat_map(|m| m.keys()) {
-            let ok = !k.is_empty() && k.len() <= 253 && k.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            let ok = !k.is_empty()
+                && k.len() <= 253
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
             if !ok {
-                c.push(Cause::invalid(format!("{field}[{k}]"), k, "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"));
+                c.push(Cause::invalid(
+                    format!("{field}[{k}]"),
+                    k,
+                    "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+                ));
             }
         }
     }
@@ -253,7 +336,9 @@ pub fn decode_typed(def: &ResourceDef, obj: &Value) -> Result<(Value, Vec<String
         ("rbac.authorization.k8s.io", "Role") => roundtrip::<rbac::v1::Role>(obj),
         ("rbac.authorization.k8s.io", "RoleBinding") => roundtrip::<rbac::v1::RoleBinding>(obj),
         ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<rbac::v1::ClusterRole>(obj),
-        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => roundtrip::<rbac::v1::ClusterRoleBinding>(obj),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+            roundtrip::<rbac::v1::ClusterRoleBinding>(obj)
+        }
         _ => Ok(obj.clone()),
     }?;
     let mut unknown = Vec::new();
@@ -272,7 +357,11 @@ fn unknown_fields(path: &str, sent: &Value, typed: &Value, out: &mut Vec<String>
     match (sent, typed) {
         (Value::Object(s), Value::Object(t)) => {
             for (k, v) in s {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
                 match t.get(k) {
                     Some(tv) => unknown_fields(&p, v, tv, out),
                     None if v.is_null() => {}
@@ -301,7 +390,10 @@ mod tests {
         let c = validate(lookup("", "v1", "pods").unwrap(), &pod);
         assert_eq!(c, vec![Cause::required("spec.containers[0].image")]);
         let pod = json!({"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
-        assert_eq!(validate(lookup("", "v1", "pods").unwrap(), &pod)[0].field, "metadata.name");
+        assert_eq!(
+            validate(lookup("", "v1", "pods").unwrap(), &pod)[0].field,
+            "metadata.name"
+        );
     }
 
     #[test]
@@ -310,7 +402,13 @@ mod tests {
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"x": "y"}},
             "spec": {"containers": [{"name": "c", "image": "i", "bogus": 1}], "nope": true}});
         let (_, unknown) = decode_typed(pods, &pod).unwrap();
-        assert_eq!(unknown, vec!["spec.containers[0].bogus".to_string(), "spec.nope".to_string()]);
+        assert_eq!(
+            unknown,
+            vec![
+                "spec.containers[0].bogus".to_string(),
+                "spec.nope".to_string()
+            ]
+        );
         let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": 5}});
         assert!(decode_typed(pods, &bad).is_err());
     }

@@ -17,7 +17,8 @@ use http::{header, HeaderValue, Response};
 use serde_json::{json, Value};
 
 use super::handlers::selectors;
-use super::objects::{decode_stored, meta_mut};
+use super::convert;
+use super::objects::meta_mut;
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::{table, ApiServer, Req};
@@ -29,6 +30,8 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(10);
 struct Encoder {
     def: &'static ResourceDef,
     table: bool,
+    /// Objects as `PartialObjectMetadata` (metadata watches).
+    metadata: bool,
     include: String,
     sent_columns: bool,
 }
@@ -38,13 +41,22 @@ impl Encoder {
         let object = if self.table && ty != "ERROR" && ty != "BOOKMARK" {
             let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"].clone()});
             // Column definitions travel with the first event only, as upstream.
-            let t = table::table(self.def, std::slice::from_ref(&obj), meta, &self.include, !self.sent_columns);
+            let t = table::table(
+                self.def,
+                std::slice::from_ref(&obj),
+                meta,
+                &self.include,
+                !self.sent_columns,
+            );
             self.sent_columns = true;
             t
+        } else if self.metadata && ty != "ERROR" {
+            table::partial_metadata(&obj)
         } else {
             obj
         };
-        let mut line = serde_json::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
+        let mut line =
+            serde_json::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
         line.push(b'\n');
         Bytes::from(line)
     }
@@ -54,7 +66,8 @@ impl Encoder {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        let obj = json!({"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": meta});
+        let obj =
+            json!({"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": meta});
         self.event("BOOKMARK", obj)
     }
 }
@@ -67,15 +80,31 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
         (false, _, Some(name)) => format!("{}{name}", def.prefix(None)),
         (_, ns, _) => def.prefix(ns),
     };
+    // Without selectors or printing, events are spliced from the stored
+    // bytes: no parse per watcher (hundreds of watchers share one change).
+    let raw_ok = !convert::converts(def)
+        && ls.is_empty()
+        && fs.is_empty()
+        && !table::wants_table(r.accept())
+        && !table::wants_metadata(r.accept());
     let matches = move |o: &Value| ls.matches(o) && fs.matches(o);
     let rv = r.query.get("resourceVersion").unwrap_or("");
     let send_initial = r.query.flag("sendInitialEvents");
     let bookmarks = r.query.flag("allowWatchBookmarks");
-    let timeout = r.query.get("timeoutSeconds").and_then(|t| t.parse::<u64>().ok()).map(Duration::from_secs);
+    let timeout = r
+        .query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs);
     let mut enc = Encoder {
         def,
         table: table::wants_table(r.accept()),
-        include: r.query.get("includeObject").unwrap_or("Metadata").to_string(),
+        metadata: table::wants_metadata(r.accept()),
+        include: r
+            .query
+            .get("includeObject")
+            .unwrap_or("Metadata")
+            .to_string(),
         sent_columns: false,
     };
 
@@ -84,9 +113,13 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
     // events"; sendInitialEvents asks for the same and a bookmark after it.
     let mut initial: Vec<Value> = Vec::new();
     let start_rev = if rv.is_empty() || rv == "0" || send_initial {
-        let list = api.store.list(&prefix, None, 0, None).await.map_err(ApiError::from)?;
+        let list = api
+            .store
+            .list(&prefix, None, 0, None)
+            .await
+            .map_err(ApiError::from)?;
         for kv in list.kvs {
-            if let Some(o) = decode_stored(&kv.value, kv.mod_revision) {
+            if let Some(o) = convert::decode(def, &kv.value, kv.mod_revision) {
                 if matches(&o) {
                     initial.push(o);
                 }
@@ -99,13 +132,23 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
     };
     let stream = match api.store.watch(&prefix, start_rev).await {
         Ok(s) => Some(s),
-        Err(store::Error::Compacted { requested, compacted }) => {
-            let status = ApiError::gone(format!("too old resource version: {requested} ({compacted})")).to_status();
+        Err(store::Error::Compacted {
+            requested,
+            compacted,
+        }) => {
+            let status = ApiError::gone(format!(
+                "too old resource version: {requested} ({compacted})"
+            ))
+            .to_status();
             let _ = tx.send(Ok(enc.event("ERROR", status))).await;
             None
         }
         Err(store::Error::FutureRevision { .. }) => {
-            return Err(ApiError::new(504, "Timeout", format!("Too large resource version: {start_rev}")));
+            return Err(ApiError::new(
+                504,
+                "Timeout",
+                format!("Too large resource version: {start_rev}"),
+            ));
         }
         Err(e) => return Err(ApiError::from(e)),
     };
@@ -133,7 +176,10 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
                     ev = stream.next() => match ev {
                         Some(Ok(ev)) => {
                             last = ev.revision();
-                            translate(&ev, &matches).map(|(ty, o)| enc.event(ty, o))
+                            match raw_ok.then(|| raw_event(&ev)).flatten() {
+                                Some(line) => Some(line),
+                                None => translate(def, &ev, &matches).map(|(ty, o)| enc.event(ty, o)),
+                            }
                         }
                         Some(Err(store::Error::Compacted { requested, compacted })) => {
                             let st = ApiError::gone(format!("too old resource version: {requested} ({compacted})")).to_status();
@@ -162,19 +208,46 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
     }
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let mut resp = Response::new(body);
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
     Ok(resp)
+}
+
+/// A watch line built from stored bytes (no selector to apply).
+fn raw_event(ev: &Event) -> Option<Bytes> {
+    let (ty, value, rev) = match ev {
+        Event::Put { kv, prev } => (
+            if prev.is_some() { "MODIFIED" } else { "ADDED" },
+            &kv.value,
+            kv.mod_revision,
+        ),
+        Event::Delete { prev, revision } => ("DELETED", &prev.value, *revision),
+    };
+    let obj = super::objects::splice_resource_version(value, rev)?;
+    let mut line = Vec::with_capacity(obj.len() + 32);
+    line.extend_from_slice(format!(r#"{{"type":"{ty}","object":"#).as_bytes());
+    line.extend_from_slice(&obj);
+    line.extend_from_slice(b"}\n");
+    Some(Bytes::from(line))
 }
 
 /// Store event -> watch event type and object, applying the selector the
 /// way upstream does: an object that stops matching is DELETED for this
 /// watcher, one that starts matching is ADDED.
-fn translate(ev: &Event, matches: &dyn Fn(&Value) -> bool) -> Option<(&'static str, Value)> {
+fn translate(def: &ResourceDef, ev: &Event, matches: &dyn Fn(&Value) -> bool) -> Option<(&'static str, Value)> {
     match ev {
         Event::Put { kv, prev } => {
-            let obj = decode_stored(&kv.value, kv.mod_revision)?;
-            let was = prev.as_ref().and_then(|p| decode_stored(&p.value, p.mod_revision)).map(|p| matches(&p));
+            let obj = convert::decode(def, &kv.value, kv.mod_revision)?;
+            let was = prev
+                .as_ref()
+                .and_then(|p| convert::decode(def, &p.value, p.mod_revision))
+                .map(|p| matches(&p));
             let is = matches(&obj);
             match (was, is) {
                 (None, true) | (Some(false), true) => Some(("ADDED", obj)),
@@ -184,7 +257,7 @@ fn translate(ev: &Event, matches: &dyn Fn(&Value) -> bool) -> Option<(&'static s
             }
         }
         Event::Delete { prev, revision } => {
-            let mut obj = decode_stored(&prev.value, prev.mod_revision)?;
+            let mut obj = convert::decode(def, &prev.value, prev.mod_revision)?;
             if !matches(&obj) {
                 return None;
             }

@@ -14,7 +14,11 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("token file {path} line {line}: {why}")]
-    Parse { path: String, line: usize, why: String },
+    Parse {
+        path: String,
+        line: usize,
+        why: String,
+    },
 }
 
 /// An authenticated caller.
@@ -33,7 +37,11 @@ impl Identity {
         if !groups.iter().any(|g| g == "system:authenticated") {
             groups.push("system:authenticated".into());
         }
-        Identity { user: user.into(), uid: String::new(), groups }
+        Identity {
+            user: user.into(),
+            uid: String::new(),
+            groups,
+        }
     }
     pub fn in_group(&self, g: &str) -> bool {
         self.groups.iter().any(|x| x == g)
@@ -52,8 +60,16 @@ impl Identity {
 pub fn identity_from_cert(der: &[u8]) -> Option<Identity> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let subject = cert.subject();
-    let user = subject.iter_common_name().next()?.as_str().ok()?.to_string();
-    let groups = subject.iter_organization().filter_map(|o| o.as_str().ok().map(String::from)).collect();
+    let user = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(String::from))
+        .collect();
     Some(Identity::new(user, groups))
 }
 
@@ -69,8 +85,10 @@ impl Authenticator {
     /// # Errors
     /// The file cannot be read or a line has fewer than three fields.
     pub fn from_token_file(path: &Path) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| Error::Read { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         let mut tokens = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -87,7 +105,12 @@ impl Authenticator {
             }
             let groups = fields
                 .get(3)
-                .map(|g| g.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+                .map(|g| {
+                    g.split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                })
                 .unwrap_or_default();
             let mut id = Identity::new(fields[1].clone(), groups);
             id.uid = fields[2].clone();
@@ -98,7 +121,10 @@ impl Authenticator {
 
     /// The identity of an `Authorization` header value, if it is a known token.
     pub fn authenticate_bearer(&self, header: &str) -> Option<Identity> {
-        let token = header.strip_prefix("Bearer ").or_else(|| header.strip_prefix("bearer "))?.trim();
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))?
+            .trim();
         self.tokens.get(token).cloned()
     }
 }

@@ -30,7 +30,16 @@ fn user(name: &str) -> Value {
     json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name})
 }
 
-const RW: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const RW: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 const RO: &[&str] = &["get", "list", "watch"];
 
 /// Cluster roles, then cluster role bindings.
@@ -56,45 +65,98 @@ pub fn cluster_roles() -> Vec<Value> {
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": RO},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": RO},
     ]);
-    let discovery_urls = json!(["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/readyz", "/openapi", "/openapi/*", "/version", "/version/"]);
+    let discovery_urls = json!([
+        "/api",
+        "/api/*",
+        "/apis",
+        "/apis/*",
+        "/healthz",
+        "/livez",
+        "/readyz",
+        "/openapi",
+        "/openapi/*",
+        "/version",
+        "/version/"
+    ]);
     vec![
-        role("cluster-admin", json!([
-            {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
-            {"nonResourceURLs": ["*"], "verbs": ["*"]},
-        ])),
+        role(
+            "cluster-admin",
+            json!([
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                {"nonResourceURLs": ["*"], "verbs": ["*"]},
+            ]),
+        ),
         role("admin", admin),
         role("edit", workloads),
         role("view", view),
-        role("system:discovery", json!([{"nonResourceURLs": discovery_urls, "verbs": ["get"]}])),
-        role("system:public-info-viewer", json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}])),
-        role("system:node", json!([
-            {"apiGroups": [""], "resources": ["nodes", "nodes/status"], "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
-            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
-            {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-            {"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": RO},
-            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "delete", "get", "patch", "update"]},
-            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": RO},
-        ])),
-        role("system:kube-scheduler", json!([
-            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "list", "watch", "update"]},
-            {"apiGroups": [""], "resources": ["nodes", "namespaces", "services", "persistentvolumeclaims", "persistentvolumes", "replicationcontrollers"], "verbs": RO},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete", "get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["bindings", "pods/binding"], "verbs": ["create"]},
-            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
-            {"apiGroups": ["apps"], "resources": ["replicasets", "statefulsets"], "verbs": RO},
-        ])),
+        role(
+            "system:discovery",
+            json!([{"nonResourceURLs": discovery_urls, "verbs": ["get"]}]),
+        ),
+        role(
+            "system:public-info-viewer",
+            json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+        ),
+        role(
+            "system:node",
+            json!([
+                {"apiGroups": [""], "resources": ["nodes", "nodes/status"], "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+                {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
+                {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["services", "endpoints"], "verbs": RO},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "delete", "get", "patch", "update"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": RO},
+            ]),
+        ),
+        role(
+            "system:kube-scheduler",
+            json!([
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "list", "watch", "update"]},
+                {"apiGroups": [""], "resources": ["nodes", "namespaces", "services", "persistentvolumeclaims", "persistentvolumes", "replicationcontrollers"], "verbs": RO},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete", "get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["bindings", "pods/binding"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
+                {"apiGroups": ["apps"], "resources": ["replicasets", "statefulsets"], "verbs": RO},
+            ]),
+        ),
         // One identity for all controllers (upstream runs each with its own
         // service account); narrow this when the controllers get their own.
-        role("system:kube-controller-manager", json!([
-            {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
-        ])),
-        binding("cluster-admin", "cluster-admin", json!([group("system:masters")])),
-        binding("system:discovery", "system:discovery", json!([group("system:authenticated")])),
-        binding("system:public-info-viewer", "system:public-info-viewer", json!([group("system:authenticated"), group("system:unauthenticated")])),
-        binding("system:kube-scheduler", "system:kube-scheduler", json!([user("system:kube-scheduler")])),
-        binding("system:kube-controller-manager", "system:kube-controller-manager", json!([user("system:kube-controller-manager")])),
+        role(
+            "system:kube-controller-manager",
+            json!([
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+            ]),
+        ),
+        binding(
+            "cluster-admin",
+            "cluster-admin",
+            json!([group("system:masters")]),
+        ),
+        binding(
+            "system:discovery",
+            "system:discovery",
+            json!([group("system:authenticated")]),
+        ),
+        binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            json!([
+                group("system:authenticated"),
+                group("system:unauthenticated")
+            ]),
+        ),
+        binding(
+            "system:kube-scheduler",
+            "system:kube-scheduler",
+            json!([user("system:kube-scheduler")]),
+        ),
+        binding(
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            json!([user("system:kube-controller-manager")]),
+        ),
     ]
 }

@@ -25,8 +25,14 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
     if !a.resource_request {
         let p = a.path.as_str();
         let ok = a.verb == "get"
-            && (p.starts_with("/api") || p.starts_with("/openapi") || matches!(p, "/version" | "/healthz" | "/livez" | "/readyz"));
-        return if ok { Decision::Allow } else { Decision::NoOpinion };
+            && (p.starts_with("/api")
+                || p.starts_with("/openapi")
+                || matches!(p, "/version" | "/healthz" | "/livez" | "/readyz"));
+        return if ok {
+            Decision::Allow
+        } else {
+            Decision::NoOpinion
+        };
     }
     let verb = a.verb.as_str();
     let read = READ.contains(&verb);
@@ -36,14 +42,20 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
             if read || (write && (a.name.is_empty() || a.name == node)) {
                 Decision::Allow
             } else {
-                Decision::Deny(format!("node {node:?} is not allowed to modify node {:?}", a.name))
+                Decision::Deny(format!(
+                    "node {node:?} is not allowed to modify node {:?}",
+                    a.name
+                ))
             }
         }
         ("coordination.k8s.io", "leases") if a.namespace == "kube-node-lease" => {
             if read || verb == "create" || (write && a.name == node) {
                 Decision::Allow
             } else {
-                Decision::Deny(format!("node {node:?} is not allowed to modify lease {:?}", a.name))
+                Decision::Deny(format!(
+                    "node {node:?} is not allowed to modify lease {:?}",
+                    a.name
+                ))
             }
         }
         ("", "pods") => match a.subresource.as_str() {
@@ -52,11 +64,22 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
             "eviction" if verb == "create" => Decision::Allow,
             _ => Decision::NoOpinion,
         },
-        ("", "events") | ("events.k8s.io", "events") if matches!(verb, "create" | "update" | "patch") => Decision::Allow,
-        ("", "services") | ("", "endpoints") | ("discovery.k8s.io", "endpointslices") | ("", "namespaces") if read => {
+        ("", "events") | ("events.k8s.io", "events")
+            if matches!(verb, "create" | "update" | "patch") =>
+        {
             Decision::Allow
         }
-        ("", "secrets") | ("", "configmaps") | ("", "serviceaccounts") if read && !a.name.is_empty() => {
+        ("", "services")
+        | ("", "endpoints")
+        | ("discovery.k8s.io", "endpointslices")
+        | ("", "namespaces")
+            if read =>
+        {
+            Decision::Allow
+        }
+        ("", "secrets") | ("", "configmaps") | ("", "serviceaccounts")
+            if read && !a.name.is_empty() =>
+        {
             if referenced_by_node_pod(store, node, &a.namespace, &a.resource, &a.name).await {
                 Decision::Allow
             } else {
@@ -71,13 +94,25 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
 }
 
 /// Whether a pod bound to `node` in `ns` uses the object.
-async fn referenced_by_node_pod(store: &dyn Store, node: &str, ns: &str, resource: &str, name: &str) -> bool {
-    let Ok(list) = store.list(&format!("/registry/core/pods/{ns}/"), None, 0, None).await else {
+async fn referenced_by_node_pod(
+    store: &dyn Store,
+    node: &str,
+    ns: &str,
+    resource: &str,
+    name: &str,
+) -> bool {
+    let Ok(list) = store
+        .list(&format!("/registry/core/pods/{ns}/"), None, 0, None)
+        .await
+    else {
         return false;
     };
-    list.kvs.iter().filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok()).any(|pod| {
-        pod["spec"]["nodeName"].as_str() == Some(node) && pod_references(&pod, resource, name)
-    })
+    list.kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+        .any(|pod| {
+            pod["spec"]["nodeName"].as_str() == Some(node) && pod_references(&pod, resource, name)
+        })
 }
 
 /// Whether `pod` references secret/configmap/serviceaccount `name`.
@@ -94,15 +129,34 @@ pub fn pod_references(pod: &Value, resource: &str, name: &str) -> bool {
             };
             let in_volumes = spec["volumes"].as_array().into_iter().flatten().any(|v| {
                 eq(&v[vol_key][vol_name])
-                    || v["projected"]["sources"].as_array().into_iter().flatten().any(|s| eq(&s[vol_key]["name"]))
+                    || v["projected"]["sources"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|s| eq(&s[vol_key]["name"]))
             });
-            let in_pull = resource == "secrets" && spec["imagePullSecrets"].as_array().into_iter().flatten().any(|s| eq(&s["name"]));
-            let in_env = ["containers", "initContainers", "ephemeralContainers"].iter().any(|f| {
-                spec[*f].as_array().into_iter().flatten().any(|c| {
-                    c["env"].as_array().into_iter().flatten().any(|e| eq(&e["valueFrom"][env_key]["name"]))
-                        || c["envFrom"].as_array().into_iter().flatten().any(|e| eq(&e[ref_key]["name"]))
-                })
-            });
+            let in_pull = resource == "secrets"
+                && spec["imagePullSecrets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|s| eq(&s["name"]));
+            let in_env = ["containers", "initContainers", "ephemeralContainers"]
+                .iter()
+                .any(|f| {
+                    spec[*f].as_array().into_iter().flatten().any(|c| {
+                        c["env"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|e| eq(&e["valueFrom"][env_key]["name"]))
+                            || c["envFrom"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|e| eq(&e[ref_key]["name"]))
+                    })
+                });
             in_volumes || in_pull || in_env
         }
         _ => false,
@@ -114,45 +168,65 @@ pub fn pod_references(pod: &Value, resource: &str, name: &str) -> bool {
 ///
 /// # Errors
 /// The 403 message when a node reaches beyond its own objects.
-pub fn admit(node: &str, a: &Attributes, old: Option<&Value>, new: Option<&Value>) -> Result<(), String> {
+pub fn admit(
+    node: &str,
+    a: &Attributes,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> Result<(), String> {
     match (a.group.as_str(), a.resource.as_str()) {
         ("", "nodes") => {
-            let target = new.or(old).and_then(|o| o["metadata"]["name"].as_str()).unwrap_or(&a.name);
+            let target = new
+                .or(old)
+                .and_then(|o| o["metadata"]["name"].as_str())
+                .unwrap_or(&a.name);
             if target != node {
-                return Err(format!("node {node:?} is not allowed to modify node {target:?}"));
+                return Err(format!(
+                    "node {node:?} is not allowed to modify node {target:?}"
+                ));
             }
         }
         ("", "pods") => {
-            let bound = |o: Option<&Value>| o.and_then(|p| p["spec"]["nodeName"].as_str()) == Some(node);
+            let bound =
+                |o: Option<&Value>| o.and_then(|p| p["spec"]["nodeName"].as_str()) == Some(node);
             match (a.verb.as_str(), a.subresource.as_str()) {
                 ("create", "") => {
                     if !bound(new) {
-                        return Err(format!("node {node:?} can only create pods with spec.nodeName set to itself"));
+                        return Err(format!(
+                            "node {node:?} can only create pods with spec.nodeName set to itself"
+                        ));
                     }
-                    let mirror = new.and_then(|p| p["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str()).is_some();
+                    let mirror = new
+                        .and_then(|p| {
+                            p["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str()
+                        })
+                        .is_some();
                     if !mirror {
                         return Err(format!(
                             "pod does not have \"kubernetes.io/config.mirror\" annotation, node {node:?} can only create mirror pods"
                         ));
                     }
                 }
-                ("update" | "patch", "status") => {
-                    if !bound(old) {
-                        return Err(format!("node {node:?} can only update pod status for pods with spec.nodeName set to itself"));
-                    }
+                ("update" | "patch", "status") if !bound(old) => {
+                    return Err(format!("node {node:?} can only update pod status for pods with spec.nodeName set to itself"));
                 }
-                ("delete", "") | ("create", "eviction") => {
-                    if !bound(old) {
-                        return Err(format!("node {node:?} can only delete pods with spec.nodeName set to itself"));
-                    }
+                ("delete", "") | ("create", "eviction") if !bound(old) => {
+                    return Err(format!(
+                        "node {node:?} can only delete pods with spec.nodeName set to itself"
+                    ));
                 }
                 _ => {}
             }
         }
         ("coordination.k8s.io", "leases") => {
-            let target = new.or(old).and_then(|o| o["metadata"]["name"].as_str()).unwrap_or(&a.name);
+            let target = new
+                .or(old)
+                .and_then(|o| o["metadata"]["name"].as_str())
+                .unwrap_or(&a.name);
             if target != node {
-                return Err(format!("node {node:?} is not allowed to modify lease {target:?}"));
+                return Err(format!(
+                    "node {node:?} is not allowed to modify lease {target:?}"
+                ));
             }
         }
         _ => {}
@@ -167,11 +241,24 @@ mod tests {
 
     #[test]
     fn restriction() {
-        let a = Attributes { verb: "patch".into(), resource_request: true, resource: "pods".into(), subresource: "status".into(), ..Default::default() };
+        let a = Attributes {
+            verb: "patch".into(),
+            resource_request: true,
+            resource: "pods".into(),
+            subresource: "status".into(),
+            ..Default::default()
+        };
         let mine = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}});
         assert!(admit("n1", &a, Some(&mine), None).is_ok());
         assert!(admit("n2", &a, Some(&mine), None).is_err());
-        let a = Attributes { verb: "update".into(), resource_request: true, resource: "nodes".into(), subresource: "status".into(), name: "n2".into(), ..Default::default() };
+        let a = Attributes {
+            verb: "update".into(),
+            resource_request: true,
+            resource: "nodes".into(),
+            subresource: "status".into(),
+            name: "n2".into(),
+            ..Default::default()
+        };
         assert!(admit("n1", &a, None, Some(&json!({"metadata": {"name": "n2"}}))).is_err());
         let pod = json!({"spec": {"volumes": [{"name": "v", "secret": {"secretName": "s"}}], "containers": [{"envFrom": [{"configMapRef": {"name": "cm"}}]}]}});
         assert!(pod_references(&pod, "secrets", "s"));

@@ -28,7 +28,10 @@ impl Rbac {
 
     fn put(&self, key: &str, value: &[u8]) {
         if let Ok(v) = serde_json::from_slice::<Value>(value) {
-            self.objects.write().expect("rbac lock").insert(key.to_string(), v);
+            self.objects
+                .write()
+                .expect("rbac lock")
+                .insert(key.to_string(), v);
         }
     }
 
@@ -38,7 +41,11 @@ impl Rbac {
 
     /// Load everything, then follow the store until `shutdown` fires;
     /// re-lists when the watch ends (compaction, store restart).
-    pub async fn sync(self: Arc<Self>, store: Arc<dyn Store>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    pub async fn sync(
+        self: Arc<Self>,
+        store: Arc<dyn Store>,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
         loop {
             let rev = match self.relist(store.as_ref()).await {
                 Ok(rev) => rev,
@@ -95,10 +102,13 @@ impl Rbac {
                 "ClusterRole" => format!("{PREFIX}clusterroles/{name}"),
                 _ => format!("{PREFIX}roles/{ns}/{name}"),
             };
-            objs.get(&key).and_then(|r| r["rules"].as_array().cloned()).unwrap_or_default()
+            objs.get(&key)
+                .and_then(|r| r["rules"].as_array().cloned())
+                .unwrap_or_default()
         };
         for (key, b) in objs.iter() {
-            let binding_ns = if let Some(rest) = key.strip_prefix(&format!("{PREFIX}rolebindings/")) {
+            let binding_ns = if let Some(rest) = key.strip_prefix(&format!("{PREFIX}rolebindings/"))
+            {
                 let ns = rest.split('/').next().unwrap_or_default();
                 if a.namespace.is_empty() || ns != a.namespace {
                     continue;
@@ -113,7 +123,11 @@ impl Rbac {
                 continue;
             }
             let rr = &b["roleRef"];
-            let rules = role_rules(rr["kind"].as_str().unwrap_or_default(), binding_ns, rr["name"].as_str().unwrap_or_default());
+            let rules = role_rules(
+                rr["kind"].as_str().unwrap_or_default(),
+                binding_ns,
+                rr["name"].as_str().unwrap_or_default(),
+            );
             if rules.iter().any(|r| rule_allows(r, a)) {
                 return true;
             }
@@ -123,22 +137,33 @@ impl Rbac {
 }
 
 fn subjects_match(binding: &Value, binding_ns: &str, id: &Identity) -> bool {
-    binding["subjects"].as_array().into_iter().flatten().any(|s| {
-        let name = s["name"].as_str().unwrap_or_default();
-        match s["kind"].as_str().unwrap_or_default() {
-            "User" => name == id.user,
-            "Group" => id.in_group(name),
-            "ServiceAccount" => {
-                let ns = s["namespace"].as_str().filter(|n| !n.is_empty()).unwrap_or(binding_ns);
-                id.user == format!("system:serviceaccount:{ns}:{name}")
+    binding["subjects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|s| {
+            let name = s["name"].as_str().unwrap_or_default();
+            match s["kind"].as_str().unwrap_or_default() {
+                "User" => name == id.user,
+                "Group" => id.in_group(name),
+                "ServiceAccount" => {
+                    let ns = s["namespace"]
+                        .as_str()
+                        .filter(|n| !n.is_empty())
+                        .unwrap_or(binding_ns);
+                    id.user == format!("system:serviceaccount:{ns}:{name}")
+                }
+                _ => false,
             }
-            _ => false,
-        }
-    })
+        })
 }
 
 fn has(list: &Value, want: &str) -> bool {
-    list.as_array().into_iter().flatten().filter_map(Value::as_str).any(|x| x == "*" || x == want)
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|x| x == "*" || x == want)
 }
 
 /// One `PolicyRule` against a request (upstream's `RuleAllows`).
@@ -147,25 +172,43 @@ pub fn rule_allows(rule: &Value, a: &Attributes) -> bool {
         return false;
     }
     if !a.resource_request {
-        return rule["nonResourceURLs"].as_array().into_iter().flatten().filter_map(Value::as_str).any(|u| {
-            u == "*" || u == a.path || (u.ends_with('*') && a.path.starts_with(u.trim_end_matches('*')))
-        });
+        return rule["nonResourceURLs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|u| {
+                u == "*"
+                    || u == a.path
+                    || (u.ends_with('*') && a.path.starts_with(u.trim_end_matches('*')))
+            });
     }
     if !has(&rule["apiGroups"], &a.group) {
         return false;
     }
-    let combined = if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
-    let resource_ok = rule["resources"].as_array().into_iter().flatten().filter_map(Value::as_str).any(|r| {
-        r == "*"
-            || r == combined
-            || (!a.subresource.is_empty() && r == format!("*/{}", a.subresource))
-            || (r.ends_with("/*") && r.trim_end_matches("/*") == a.resource)
-    });
+    let combined = if a.subresource.is_empty() {
+        a.resource.clone()
+    } else {
+        format!("{}/{}", a.resource, a.subresource)
+    };
+    let resource_ok = rule["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|r| {
+            r == "*"
+                || r == combined
+                || (!a.subresource.is_empty() && r == format!("*/{}", a.subresource))
+                || (r.ends_with("/*") && r.trim_end_matches("/*") == a.resource)
+        });
     if !resource_ok {
         return false;
     }
     match rule["resourceNames"].as_array() {
-        Some(names) if !names.is_empty() => names.iter().any(|n| n.as_str() == Some(a.name.as_str())),
+        Some(names) if !names.is_empty() => {
+            names.iter().any(|n| n.as_str() == Some(a.name.as_str()))
+        }
         _ => true,
     }
 }
@@ -191,19 +234,29 @@ mod tests {
     fn rules() {
         let r = json!({"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["get", "update"], "resourceNames": ["p1"]});
         assert!(rule_allows(&r, &attrs("get", "pods", "", "d", "p1")));
-        assert!(rule_allows(&r, &attrs("update", "pods", "status", "d", "p1")));
+        assert!(rule_allows(
+            &r,
+            &attrs("update", "pods", "status", "d", "p1")
+        ));
         assert!(!rule_allows(&r, &attrs("get", "pods", "", "d", "p2")));
         assert!(!rule_allows(&r, &attrs("get", "pods", "log", "d", "p1")));
         assert!(!rule_allows(&r, &attrs("delete", "pods", "", "d", "p1")));
         let nr = json!({"nonResourceURLs": ["/healthz", "/api/*"], "verbs": ["get"]});
-        let a = Attributes { verb: "get".into(), path: "/api/v1".into(), ..Default::default() };
+        let a = Attributes {
+            verb: "get".into(),
+            path: "/api/v1".into(),
+            ..Default::default()
+        };
         assert!(rule_allows(&nr, &a));
     }
 
     #[test]
     fn bindings() {
         let rbac = Rbac::default();
-        rbac.put(&format!("{PREFIX}roles/d/reader"), br#"{"rules":[{"apiGroups":[""],"resources":["pods"],"verbs":["get","list"]}]}"#);
+        rbac.put(
+            &format!("{PREFIX}roles/d/reader"),
+            br#"{"rules":[{"apiGroups":[""],"resources":["pods"],"verbs":["get","list"]}]}"#,
+        );
         rbac.put(
             &format!("{PREFIX}rolebindings/d/rb"),
             br#"{"roleRef":{"kind":"Role","name":"reader"},"subjects":[{"kind":"User","name":"bob"}]}"#,
@@ -211,6 +264,9 @@ mod tests {
         let bob = Identity::new("bob", vec![]);
         assert!(rbac.allows(&bob, &attrs("list", "pods", "", "d", "")));
         assert!(!rbac.allows(&bob, &attrs("list", "pods", "", "other", "")));
-        assert!(!rbac.allows(&Identity::new("eve", vec![]), &attrs("list", "pods", "", "d", "")));
+        assert!(!rbac.allows(
+            &Identity::new("eve", vec![]),
+            &attrs("list", "pods", "", "d", "")
+        ));
     }
 }

@@ -9,7 +9,11 @@ use skiff_control_plane::config::{Config, Settings};
 use skiff_control_plane::{pki, server, store};
 
 #[derive(Parser, Debug)]
-#[command(name = "skiff-server", version, about = "Kubernetes-compatible control plane")]
+#[command(
+    name = "skiff-server",
+    version,
+    about = "Kubernetes-compatible control plane"
+)]
 struct Cli {
     #[command(flatten)]
     serve: ServeArgs,
@@ -94,7 +98,8 @@ enum SnapshotCmd {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -107,36 +112,75 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let cfg = cli.serve.resolve()?;
     match cli.cmd {
         None => serve(cfg).await,
-        Some(Cmd::Kubeconfig { user, group, server }) => {
+        Some(Cmd::Kubeconfig {
+            user,
+            group,
+            server,
+        }) => {
             let pki = pki::Pki::load_or_create(&cfg.data_dir).context("loading the cluster CA")?;
             let url = server.unwrap_or_else(|| format!("https://127.0.0.1:{}", cfg.secure_port));
-            print!("{}", pki.kubeconfig(&url, &user, &group).with_context(|| format!("issuing a certificate for {user}"))?);
+            print!(
+                "{}",
+                pki.kubeconfig(&url, &user, &group)
+                    .with_context(|| format!("issuing a certificate for {user}"))?
+            );
             Ok(())
         }
         Some(Cmd::Snapshot(SnapshotCmd::Save { file })) => {
-            let st = server::open_store(&cfg).await.context("opening the datastore")?;
-            let info = st.snapshot_save(&file).await.with_context(|| format!("saving snapshot {}", file.display()))?;
-            println!("saved {} (revision {}, {} keys, {} bytes, hash {})", file.display(), info.revision, info.keys, info.size, info.hash);
+            let st = server::open_store(&cfg)
+                .await
+                .context("opening the datastore")?;
+            let info = st
+                .snapshot_save(&file)
+                .await
+                .with_context(|| format!("saving snapshot {}", file.display()))?;
+            println!(
+                "saved {} (revision {}, {} keys, {} bytes, hash {})",
+                file.display(),
+                info.revision,
+                info.keys,
+                info.size,
+                info.hash
+            );
             Ok(())
         }
         Some(Cmd::Snapshot(SnapshotCmd::Status { file })) => {
-            let info = store::snapshot::snapshot_status(&file).await.with_context(|| format!("reading snapshot {}", file.display()))?;
-            println!("revision: {}\nkeys: {}\nsize: {}\nhash: {}", info.revision, info.keys, info.size, info.hash);
+            let info = store::snapshot::snapshot_status(&file)
+                .await
+                .with_context(|| format!("reading snapshot {}", file.display()))?;
+            println!(
+                "revision: {}\nkeys: {}\nsize: {}\nhash: {}",
+                info.revision, info.keys, info.size, info.hash
+            );
             Ok(())
         }
         Some(Cmd::Snapshot(SnapshotCmd::Restore { file })) => {
-            store::snapshot::snapshot_restore(&file, &cfg.data_dir)
-                .with_context(|| format!("restoring {} into {}", file.display(), cfg.data_dir.display()))?;
-            println!("restored {} into {}", file.display(), cfg.data_dir.display());
+            store::snapshot::snapshot_restore(&file, &cfg.data_dir).with_context(|| {
+                format!(
+                    "restoring {} into {}",
+                    file.display(),
+                    cfg.data_dir.display()
+                )
+            })?;
+            println!(
+                "restored {} into {}",
+                file.display(),
+                cfg.data_dir.display()
+            );
             Ok(())
         }
     }
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let st = server::open_store(&cfg).await.context("opening the datastore")?;
-    let handle = server::start(&cfg, st).await.context("starting skiff-server")?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let st = server::open_store(&cfg)
+        .await
+        .context("opening the datastore")?;
+    let handle = server::start(&cfg, st)
+        .await
+        .context("starting skiff-server")?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing SIGTERM handler")?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),

@@ -35,7 +35,9 @@ pub async fn bench_raw_writes(
     n: usize,
     concurrency: usize,
 ) -> (Vec<Duration>, Duration) {
-    let run = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let run = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency.max(1))

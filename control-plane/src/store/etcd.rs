@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, CompactionOptions, ConnectOptions, GetOptions, PutOptions, Txn,
+    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn,
     TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::io::AsyncWriteExt;
@@ -23,7 +23,9 @@ pub struct EtcdStore {
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore").field("endpoints", &self.endpoints).finish()
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.endpoints)
+            .finish()
     }
 }
 
@@ -47,11 +49,13 @@ fn header_rev(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 
 /// etcd reports these as gRPC status messages.
 fn is_compacted(e: &etcd_client::Error) -> bool {
-    e.to_string().contains("required revision has been compacted")
+    e.to_string()
+        .contains("required revision has been compacted")
 }
 
 fn is_future(e: &etcd_client::Error) -> bool {
-    e.to_string().contains("required revision is a future revision")
+    e.to_string()
+        .contains("required revision is a future revision")
 }
 
 /// The range end covering every key that starts with `prefix` (etcd's
@@ -81,13 +85,19 @@ impl EtcdStore {
         let client = Client::connect(endpoints, Some(opts))
             .await
             .map_err(etcd_err(format!("connect to {}", endpoints.join(","))))?;
-        Ok(EtcdStore { client, endpoints: endpoints.to_vec() })
+        Ok(EtcdStore {
+            client,
+            endpoints: endpoints.to_vec(),
+        })
     }
 
     /// The latest revision and the current value (if any) of `key`.
     async fn current(&self, key: &str) -> Result<(i64, Option<KeyValue>)> {
         let mut c = self.client.clone();
-        let resp = c.get(key, None).await.map_err(etcd_err(format!("get {key}")))?;
+        let resp = c
+            .get(key, None)
+            .await
+            .map_err(etcd_err(format!("get {key}")))?;
         Ok((header_rev(resp.header()), resp.kvs().first().map(kv_of)))
     }
 
@@ -170,7 +180,10 @@ impl Store for EtcdStore {
             }),
             Err(e) if is_compacted(&e) => {
                 // etcd does not say how far it compacted.
-                Err(Error::Compacted { requested: rev.unwrap_or_default(), compacted: 0 })
+                Err(Error::Compacted {
+                    requested: rev.unwrap_or_default(),
+                    compacted: 0,
+                })
             }
             Err(e) if is_future(&e) => Err(Error::FutureRevision {
                 requested: rev.unwrap_or_default(),
@@ -186,10 +199,17 @@ impl Store for EtcdStore {
             .and_then([TxnOp::put(key, value.clone(), None)]);
         let resp = self.txn(key, "create", txn).await?;
         if !resp.succeeded() {
-            return Err(Error::AlreadyExists { key: key.to_string() });
+            return Err(Error::AlreadyExists {
+                key: key.to_string(),
+            });
         }
         let rev = header_rev(resp.header());
-        Ok(KeyValue { key: key.to_string(), value, create_revision: rev, mod_revision: rev })
+        Ok(KeyValue {
+            key: key.to_string(),
+            value,
+            create_revision: rev,
+            mod_revision: rev,
+        })
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected_revision: i64) -> Result<KeyValue> {
@@ -198,12 +218,18 @@ impl Store for EtcdStore {
                 Compare::create_revision(key, CompareOp::Greater, 0),
                 Compare::mod_revision(key, CompareOp::Equal, expected_revision),
             ])
-            .and_then([TxnOp::put(key, value.clone(), Some(PutOptions::new().with_prev_key()))])
+            .and_then([TxnOp::put(
+                key,
+                value.clone(),
+                Some(PutOptions::new().with_prev_key()),
+            )])
             .or_else([TxnOp::get(key, None)]);
         let resp = self.txn(key, "update", txn).await?;
         if !resp.succeeded() {
             return Err(match else_kv(&resp) {
-                None => Error::NotFound { key: key.to_string() },
+                None => Error::NotFound {
+                    key: key.to_string(),
+                },
                 Some(kv) => Error::Conflict {
                     key: key.to_string(),
                     expected: expected_revision,
@@ -213,7 +239,12 @@ impl Store for EtcdStore {
         }
         let rev = header_rev(resp.header());
         let create_revision = put_prev(&resp).map_or(rev, |p| p.create_revision);
-        Ok(KeyValue { key: key.to_string(), value, create_revision, mod_revision: rev })
+        Ok(KeyValue {
+            key: key.to_string(),
+            value,
+            create_revision,
+            mod_revision: rev,
+        })
     }
 
     async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {
@@ -223,12 +254,17 @@ impl Store for EtcdStore {
         }
         let txn = Txn::new()
             .when(when)
-            .and_then([TxnOp::delete(key, Some(etcd_client::DeleteOptions::new().with_prev_key()))])
+            .and_then([TxnOp::delete(
+                key,
+                Some(etcd_client::DeleteOptions::new().with_prev_key()),
+            )])
             .or_else([TxnOp::get(key, None)]);
         let resp = self.txn(key, "delete", txn).await?;
         if !resp.succeeded() {
             return Err(match else_kv(&resp) {
-                None => Error::NotFound { key: key.to_string() },
+                None => Error::NotFound {
+                    key: key.to_string(),
+                },
                 Some(kv) => Error::Conflict {
                     key: key.to_string(),
                     expected: expected_revision.unwrap_or_default(),
@@ -242,7 +278,10 @@ impl Store for EtcdStore {
             _ => None,
         });
         let prev = prev.ok_or_else(|| {
-            Error::backend(BACKEND, format!("delete {key}: etcd returned no previous value"))
+            Error::backend(
+                BACKEND,
+                format!("delete {key}: etcd returned no previous value"),
+            )
         })?;
         Ok((prev, rev))
     }
@@ -255,64 +294,88 @@ impl Store for EtcdStore {
         let probe = GetOptions::new().with_count_only().with_revision(start);
         match c.get("/", Some(probe)).await {
             Err(e) if is_compacted(&e) => {
-                return Err(Error::Compacted { requested: after_revision, compacted: 0 })
+                return Err(Error::Compacted {
+                    requested: after_revision,
+                    compacted: 0,
+                })
             }
             Err(e) if is_future(&e) => {}
             Err(e) => return Err(etcd_err(format!("watch {prefix}"))(e)),
             Ok(_) => {}
         }
-        let mut opts = WatchOptions::new().with_start_revision(start).with_prev_key();
-        opts = if prefix.is_empty() { opts.with_all_keys() } else { opts.with_prefix() };
-        let stream =
-            c.watch(prefix, Some(opts)).await.map_err(etcd_err(format!("watch {prefix}")))?;
+        let mut opts = WatchOptions::new()
+            .with_start_revision(start)
+            .with_prev_key();
+        opts = if prefix.is_empty() {
+            opts.with_all_keys()
+        } else {
+            opts.with_prefix()
+        };
+        let stream = c
+            .watch(prefix, Some(opts))
+            .await
+            .map_err(etcd_err(format!("watch {prefix}")))?;
         let prefix = prefix.to_string();
-        let state = (stream, std::collections::VecDeque::<Result<Event>>::new(), false);
-        Ok(Box::pin(futures::stream::unfold(state, move |(mut stream, mut pending, mut done)| {
-            let prefix = prefix.clone();
-            async move {
-                loop {
-                    if let Some(item) = pending.pop_front() {
-                        return Some((item, (stream, pending, done)));
-                    }
-                    if done {
-                        return None;
-                    }
-                    match stream.message().await {
-                        Ok(Some(resp)) => {
-                            if resp.compact_revision() > 0 {
-                                pending.push_back(Err(Error::Compacted {
-                                    requested: start - 1,
-                                    compacted: resp.compact_revision(),
-                                }));
-                                done = true;
-                                continue;
-                            }
-                            if resp.canceled() {
-                                pending.push_back(Err(Error::backend(
-                                    BACKEND,
-                                    format!("watch {prefix} canceled: {}", resp.cancel_reason()),
-                                )));
-                                done = true;
-                                continue;
-                            }
-                            for ev in resp.events() {
-                                pending.push_back(map_event(ev, &prefix));
-                            }
+        let state = (
+            stream,
+            std::collections::VecDeque::<Result<Event>>::new(),
+            false,
+        );
+        Ok(Box::pin(futures::stream::unfold(
+            state,
+            move |(mut stream, mut pending, mut done)| {
+                let prefix = prefix.clone();
+                async move {
+                    loop {
+                        if let Some(item) = pending.pop_front() {
+                            return Some((item, (stream, pending, done)));
                         }
-                        Ok(None) => return None,
-                        Err(e) => {
-                            pending.push_back(Err(etcd_err(format!("watch {prefix}"))(e)));
-                            done = true;
+                        if done {
+                            return None;
+                        }
+                        match stream.message().await {
+                            Ok(Some(resp)) => {
+                                if resp.compact_revision() > 0 {
+                                    pending.push_back(Err(Error::Compacted {
+                                        requested: start - 1,
+                                        compacted: resp.compact_revision(),
+                                    }));
+                                    done = true;
+                                    continue;
+                                }
+                                if resp.canceled() {
+                                    pending.push_back(Err(Error::backend(
+                                        BACKEND,
+                                        format!(
+                                            "watch {prefix} canceled: {}",
+                                            resp.cancel_reason()
+                                        ),
+                                    )));
+                                    done = true;
+                                    continue;
+                                }
+                                for ev in resp.events() {
+                                    pending.push_back(map_event(ev, &prefix));
+                                }
+                            }
+                            Ok(None) => return None,
+                            Err(e) => {
+                                pending.push_back(Err(etcd_err(format!("watch {prefix}"))(e)));
+                                done = true;
+                            }
                         }
                     }
                 }
-            }
-        })))
+            },
+        )))
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
         let mut c = self.client.clone();
-        match c.compact(revision, Some(CompactionOptions::new().with_physical())).await {
+        match c
+            .compact(revision, Some(CompactionOptions::new().with_physical()))
+            .await
+        {
             Ok(_) => Ok(()),
             // Compacting to an older point than the current one is a no-op.
             Err(e) if is_compacted(&e) => Ok(()),
@@ -351,19 +414,31 @@ impl Store for EtcdStore {
 
 fn map_event(ev: &etcd_client::Event, prefix: &str) -> Result<Event> {
     let kv = ev.kv().map(kv_of).ok_or_else(|| {
-        Error::backend(BACKEND, format!("watch {prefix}: event without a key-value"))
+        Error::backend(
+            BACKEND,
+            format!("watch {prefix}: event without a key-value"),
+        )
     })?;
     let prev = ev.prev_kv().map(kv_of);
     Ok(match ev.event_type() {
         etcd_client::EventType::Put => {
             // A create has no previous value (etcd may still send the
             // tombstoned one's absence as None).
-            let prev = if kv.create_revision == kv.mod_revision { None } else { prev };
+            let prev = if kv.create_revision == kv.mod_revision {
+                None
+            } else {
+                prev
+            };
             Event::Put { kv, prev }
         }
         etcd_client::EventType::Delete => {
             let revision = kv.mod_revision;
-            let prev = prev.unwrap_or(KeyValue { key: kv.key, value: Vec::new(), create_revision: 0, mod_revision: 0 });
+            let prev = prev.unwrap_or(KeyValue {
+                key: kv.key,
+                value: Vec::new(),
+                create_revision: 0,
+                mod_revision: 0,
+            });
             Event::Delete { prev, revision }
         }
     })

@@ -35,7 +35,10 @@ pub struct KeyValue {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// Created or updated; `prev` is the value before, when there was one.
-    Put { kv: KeyValue, prev: Option<KeyValue> },
+    Put {
+        kv: KeyValue,
+        prev: Option<KeyValue>,
+    },
     /// Deleted; `prev` is the last value, `revision` the revision of the delete.
     Delete { prev: KeyValue, revision: i64 },
 }
@@ -80,7 +83,11 @@ pub enum Error {
     NotFound { key: String },
     /// Compare-and-swap lost: the key's mod_revision is not the expected one.
     #[error("conflict on {key}: expected revision {expected}, found {actual}")]
-    Conflict { key: String, expected: i64, actual: i64 },
+    Conflict {
+        key: String,
+        expected: i64,
+        actual: i64,
+    },
     /// A read or watch asked for a revision older than the compaction point.
     /// The API turns this into 410 Gone ("too old resource version").
     #[error("revision {requested} has been compacted (oldest available {compacted})")]
@@ -160,7 +167,11 @@ pub trait Store: Send + Sync + 'static {
 impl Error {
     /// A `Backend` error without an underlying source.
     pub(crate) fn backend(backend: &'static str, message: impl Into<String>) -> Error {
-        Error::Backend { backend, message: message.into(), source: None }
+        Error::Backend {
+            backend,
+            message: message.into(),
+            source: None,
+        }
     }
 
     /// A `Backend` error that keeps its cause.
@@ -169,6 +180,10 @@ impl Error {
         message: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Error {
-        Error::Backend { backend, message: message.into(), source: Some(Box::new(source)) }
+        Error::Backend {
+            backend,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
     }
 }

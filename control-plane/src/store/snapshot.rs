@@ -36,9 +36,20 @@ pub fn snapshot_format(path: &Path) -> Result<SnapshotFormat> {
     let mut f = std::fs::File::open(path)
         .map_err(|e| io_err("snapshot", format!("open snapshot {}", path.display()), e))?;
     f.read_exact(&mut head).map_err(|e| {
-        io_err("snapshot", format!("read snapshot {}: too short to be a snapshot", path.display()), e)
+        io_err(
+            "snapshot",
+            format!(
+                "read snapshot {}: too short to be a snapshot",
+                path.display()
+            ),
+            e,
+        )
     })?;
-    Ok(if &head == SQLITE_MAGIC { SnapshotFormat::Sqlite } else { SnapshotFormat::Etcd })
+    Ok(if &head == SQLITE_MAGIC {
+        SnapshotFormat::Sqlite
+    } else {
+        SnapshotFormat::Etcd
+    })
 }
 
 fn io_err(backend: &'static str, message: String, e: std::io::Error) -> Error {
@@ -68,7 +79,12 @@ fn snapshot_status_blocking(path: &Path) -> Result<SnapshotInfo> {
         SnapshotFormat::Sqlite => sqlite_file_info(path)?,
         SnapshotFormat::Etcd => etcd_file_info(path)?,
     };
-    Ok(SnapshotInfo { revision, keys, size, hash })
+    Ok(SnapshotInfo {
+        revision,
+        keys,
+        size,
+        hash,
+    })
 }
 
 fn size_and_hash(path: &Path) -> Result<(u64, String)> {
@@ -78,7 +94,9 @@ fn size_and_hash(path: &Path) -> Result<(u64, String)> {
     let mut buf = vec![0u8; 1 << 16];
     let mut size = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| io_err("snapshot", ctx.clone(), e))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| io_err("snapshot", ctx.clone(), e))?;
         if n == 0 {
             break;
         }
@@ -89,13 +107,17 @@ fn size_and_hash(path: &Path) -> Result<(u64, String)> {
 }
 
 fn etcdctl(args: &[&std::ffi::OsStr], what: &str) -> Result<String> {
-    let out = Command::new("etcdctl").env("ETCDCTL_API", "3").args(args).output().map_err(|e| {
-        io_err(
-            "etcd",
-            format!("{what}: cannot run etcdctl (install Debian's etcd-client package)"),
-            e,
-        )
-    })?;
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .output()
+        .map_err(|e| {
+            io_err(
+                "etcd",
+                format!("{what}: cannot run etcdctl (install Debian's etcd-client package)"),
+                e,
+            )
+        })?;
     if !out.status.success() {
         return Err(Error::backend(
             "etcd",
@@ -114,12 +136,21 @@ fn etcdctl(args: &[&std::ffi::OsStr], what: &str) -> Result<String> {
 fn etcd_file_info(path: &Path) -> Result<(i64, u64)> {
     let what = format!("status of etcd snapshot {}", path.display());
     let out = etcdctl(
-        &["snapshot".as_ref(), "status".as_ref(), path.as_os_str(), "-w".as_ref(), "json".as_ref()],
+        &[
+            "snapshot".as_ref(),
+            "status".as_ref(),
+            path.as_os_str(),
+            "-w".as_ref(),
+            "json".as_ref(),
+        ],
         &what,
     )?;
     let field = |name: &str| -> Result<i64> {
         json_number(&out, name).ok_or_else(|| {
-            Error::backend("etcd", format!("{what}: no {name} in etcdctl output {out:?}"))
+            Error::backend(
+                "etcd",
+                format!("{what}: no {name} in etcdctl output {out:?}"),
+            )
         })
     };
     Ok((field("revision")?, field("totalKey")? as u64))
@@ -129,7 +160,9 @@ fn etcd_file_info(path: &Path) -> Result<(i64, u64)> {
 fn json_number(json: &str, name: &str) -> Option<i64> {
     let at = json.find(&format!("\"{name}\":"))? + name.len() + 3;
     let rest = json[at..].trim_start();
-    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '-')).unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '-'))
+        .unwrap_or(rest.len());
     rest[..end].parse().ok()
 }
 
@@ -151,7 +184,9 @@ fn json_number(json: &str, name: &str) -> Option<i64> {
 pub fn snapshot_restore(path: &Path, data_dir: &Path) -> Result<()> {
     match snapshot_format(path)? {
         SnapshotFormat::Sqlite => restore_sqlite(path, data_dir),
-        SnapshotFormat::Etcd => snapshot_restore_etcd(path, data_dir, "default", "http://localhost:2380"),
+        SnapshotFormat::Etcd => {
+            snapshot_restore_etcd(path, data_dir, "default", "http://localhost:2380")
+        }
     }
 }
 
@@ -161,10 +196,22 @@ pub fn snapshot_restore(path: &Path, data_dir: &Path) -> Result<()> {
 /// # Errors
 /// `Backend` when `etcdctl` is missing, the snapshot fails its hash check,
 /// or `data_dir` exists.
-pub fn snapshot_restore_etcd(path: &Path, data_dir: &Path, name: &str, peer_url: &str) -> Result<()> {
-    let what = format!("restore etcd snapshot {} into {}", path.display(), data_dir.display());
+pub fn snapshot_restore_etcd(
+    path: &Path,
+    data_dir: &Path,
+    name: &str,
+    peer_url: &str,
+) -> Result<()> {
+    let what = format!(
+        "restore etcd snapshot {} into {}",
+        path.display(),
+        data_dir.display()
+    );
     if data_dir.exists() {
-        return Err(Error::backend("etcd", format!("{what}: {} exists; move it away first", data_dir.display())));
+        return Err(Error::backend(
+            "etcd",
+            format!("{what}: {} exists; move it away first", data_dir.display()),
+        ));
     }
     let cluster = format!("{name}={peer_url}");
     etcdctl(
@@ -187,7 +234,11 @@ pub fn snapshot_restore_etcd(path: &Path, data_dir: &Path, name: &str, peer_url:
 }
 
 fn restore_sqlite(path: &Path, data_dir: &Path) -> Result<()> {
-    let what = format!("restore snapshot {} into {}", path.display(), data_dir.display());
+    let what = format!(
+        "restore snapshot {} into {}",
+        path.display(),
+        data_dir.display()
+    );
     sqlite_file_check(path)?;
     let target = data_dir.join(SQLITE_FILE);
     if target.exists() {
@@ -232,7 +283,9 @@ pub(crate) fn persist(tmp: &Path, path: &Path) -> Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| io_err("snapshot", ctx, e))?;
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io_err("snapshot", ctx, e))?;
     Ok(())
 }
 

@@ -92,7 +92,9 @@ struct Inner {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.inner.path).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish()
     }
 }
 
@@ -123,14 +125,36 @@ impl SqliteStore {
         let revision = Arc::new(AtomicI64::new(revision));
         let (hub, _) = broadcast::channel(HUB_CAPACITY);
         let (writes, rx) = mpsc::channel(WRITE_QUEUE);
-        let writer = Writer { conn, hub: hub.clone(), revision: revision.clone() };
+        let (stop_checkpoints, stopped) = std::sync::mpsc::channel::<()>();
+        let cp_path = path.clone();
+        std::thread::Builder::new()
+            .name("sqlite-checkpoint".into())
+            .spawn(move || checkpointer(&cp_path, stopped))
+            .map_err(|e| Error::backend_source(BACKEND, "spawn checkpoint thread", e))?;
+        let writer = Writer {
+            conn,
+            hub: hub.clone(),
+            revision: revision.clone(),
+            _stop_checkpoints: stop_checkpoints,
+        };
         std::thread::Builder::new()
             .name("sqlite-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| Error::backend_source(BACKEND, "spawn writer thread", e))?;
 
-        let readers = Arc::new(Readers { path: path.clone(), idle: Mutex::new(Vec::new()) });
-        Ok(SqliteStore { inner: Arc::new(Inner { path, writes, readers, hub, revision }) })
+        let readers = Arc::new(Readers {
+            path: path.clone(),
+            idle: Mutex::new(Vec::new()),
+        });
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                writes,
+                readers,
+                hub,
+                revision,
+            }),
+        })
     }
 
     /// The database file.
@@ -145,7 +169,8 @@ impl SqliteStore {
             .send(WriteRequest { op, reply })
             .await
             .map_err(|_| Error::backend(BACKEND, "writer thread stopped"))?;
-        rx.await.map_err(|_| Error::backend(BACKEND, "writer thread stopped before answering"))?
+        rx.await
+            .map_err(|_| Error::backend(BACKEND, "writer thread stopped before answering"))?
     }
 }
 
@@ -160,30 +185,46 @@ fn open_writer(path: &Path) -> Result<(Connection, i64)> {
     let ctx = format!("open {}", path.display());
     let conn = Connection::open(path).map_err(sql_err(&ctx))?;
     configure(&conn).map_err(sql_err(&ctx))?;
-    let mode: String =
-        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(sql_err(&ctx))?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(sql_err(&ctx))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::backend(BACKEND, format!("{ctx}: cannot switch to WAL (got {mode})")));
+        return Err(Error::backend(
+            BACKEND,
+            format!("{ctx}: cannot switch to WAL (got {mode})"),
+        ));
     }
     // FULL: the WAL is fsynced at every commit, so an acknowledged write
     // survives power loss (NORMAL would only survive a process crash).
-    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;")
+    // No automatic checkpoints on the writer: copying the WAL into the
+    // database (and fsyncing it) would stall commits; the checkpoint thread
+    // does it beside the writer.
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;")
         .map_err(sql_err(&ctx))?;
-    conn.execute_batch(SCHEMA).map_err(sql_err(format!("{ctx}: create schema")))?;
+    conn.execute_batch(SCHEMA)
+        .map_err(sql_err(format!("{ctx}: create schema")))?;
     let revision = current_rev(&conn).map_err(sql_err(&ctx))?;
     Ok((conn, revision))
 }
 
 fn current_rev(conn: &Connection) -> rusqlite::Result<i64> {
     Ok(conn
-        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'kv'", [], |r| r.get(0))
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'kv'",
+            [],
+            |r| r.get(0),
+        )
         .optional()?
         .unwrap_or(0))
 }
 
 fn compact_rev(conn: &Connection) -> rusqlite::Result<i64> {
     Ok(conn
-        .query_row("SELECT value FROM meta WHERE key = 'compact_rev'", [], |r| r.get(0))
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'compact_rev'",
+            [],
+            |r| r.get(0),
+        )
         .optional()?
         .unwrap_or(0))
 }
@@ -214,10 +255,22 @@ fn upper(prefix: &str) -> String {
 // ---------------------------------------------------------------- writer
 
 enum Op {
-    Create { key: String, value: Vec<u8> },
-    Update { key: String, value: Vec<u8>, expected: i64 },
-    Delete { key: String, expected: Option<i64> },
-    Compact { revision: i64 },
+    Create {
+        key: String,
+        value: Vec<u8>,
+    },
+    Update {
+        key: String,
+        value: Vec<u8>,
+        expected: i64,
+    },
+    Delete {
+        key: String,
+        expected: Option<i64>,
+    },
+    Compact {
+        revision: i64,
+    },
 }
 
 enum Done {
@@ -236,6 +289,30 @@ struct Writer {
     conn: Connection,
     hub: broadcast::Sender<Arc<Vec<Event>>>,
     revision: Arc<AtomicI64>,
+    /// Dropped with the writer: tells the checkpoint thread to stop.
+    _stop_checkpoints: std::sync::mpsc::Sender<()>,
+}
+
+/// How often the checkpoint thread copies the WAL into the database.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Copies committed WAL frames into the database file (PASSIVE: never
+/// blocks the writer or readers) until the writer goes away. Without it the
+/// WAL would grow forever, since the writer does not checkpoint.
+fn checkpointer(path: &Path, stop: std::sync::mpsc::Receiver<()>) {
+    let conn = match Connection::open(path).and_then(|c| configure(&c).map(|()| c)) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "sqlite checkpoint thread cannot open the database; the WAL will grow");
+            return;
+        }
+    };
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(CHECKPOINT_EVERY)
+    {
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(path = %path.display(), error = %e, "sqlite checkpoint failed");
+        }
+    }
 }
 
 /// The newest row of one key.
@@ -262,7 +339,9 @@ impl Writer {
             for req in batch.drain(..) {
                 if let Op::Compact { revision } = req.op {
                     self.commit_group(std::mem::take(&mut group));
-                    let _ = req.reply.send(self.compact(revision).map(|()| Done::Compacted));
+                    let _ = req
+                        .reply
+                        .send(self.compact(revision).map(|()| Done::Compacted));
                 } else {
                     group.push(req);
                 }
@@ -281,7 +360,9 @@ impl Writer {
         let mut results = Vec::with_capacity(group.len());
         let mut events = Vec::new();
         let outcome = (|| -> rusqlite::Result<()> {
-            let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
             for req in &group {
                 let r = apply(&tx, &req.op)?;
                 if let Ok((_, Some(ev))) = &r {
@@ -317,7 +398,10 @@ impl Writer {
     fn compact(&mut self, revision: i64) -> Result<()> {
         let current = self.revision.load(Ordering::SeqCst);
         if revision > current {
-            return Err(Error::FutureRevision { requested: revision, current });
+            return Err(Error::FutureRevision {
+                requested: revision,
+                current,
+            });
         }
         let ctx = format!("compact to revision {revision}");
         let tx = self
@@ -343,8 +427,11 @@ impl Writer {
             .map_err(sql_err(&ctx))?;
             from = to;
         }
-        tx.execute("UPDATE meta SET value = ?1 WHERE key = 'compact_rev'", [revision])
-            .map_err(sql_err(&ctx))?;
+        tx.execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'compact_rev'",
+            [revision],
+        )
+        .map_err(sql_err(&ctx))?;
         tx.commit().map_err(sql_err(&ctx))?;
         tracing::debug!(revision, "sqlite store compacted");
         Ok(())
@@ -366,7 +453,12 @@ fn latest(conn: &Connection, key: &str) -> rusqlite::Result<Option<Latest>> {
          FROM kv WHERE name = ?1 ORDER BY id DESC LIMIT 1",
     )?
     .query_row([key], |r| {
-        Ok(Latest { id: r.get(0)?, create_revision: r.get(1)?, deleted: r.get(2)?, value: r.get(3)? })
+        Ok(Latest {
+            id: r.get(0)?,
+            create_revision: r.get(1)?,
+            deleted: r.get(2)?,
+            value: r.get(3)?,
+        })
     })
     .optional()
 }
@@ -384,7 +476,14 @@ fn insert(
         "INSERT INTO kv (name, created, deleted, create_revision, prev_revision, value)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute(params![key, created, deleted, create_revision, prev_revision, value])?;
+    .execute(params![
+        key,
+        created,
+        deleted,
+        create_revision,
+        prev_revision,
+        value
+    ])?;
     Ok(conn.last_insert_rowid())
 }
 
@@ -406,12 +505,18 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Ev
                 Ok((Done::Kv(kv.clone()), Some(Event::Put { kv, prev: None })))
             }
         },
-        Op::Update { key, value, expected } => match latest(conn, key)? {
+        Op::Update {
+            key,
+            value,
+            expected,
+        } => match latest(conn, key)? {
             None => Err(Error::NotFound { key: key.clone() }),
             Some(l) if l.deleted => Err(Error::NotFound { key: key.clone() }),
-            Some(l) if l.id != *expected => {
-                Err(Error::Conflict { key: key.clone(), expected: *expected, actual: l.id })
-            }
+            Some(l) if l.id != *expected => Err(Error::Conflict {
+                key: key.clone(),
+                expected: *expected,
+                actual: l.id,
+            }),
             Some(l) => {
                 let id = insert(conn, key, false, false, l.create_revision, l.id, value)?;
                 let kv = KeyValue {
@@ -426,7 +531,13 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Ev
                     create_revision: l.create_revision,
                     mod_revision: l.id,
                 };
-                Ok((Done::Kv(kv.clone()), Some(Event::Put { kv, prev: Some(prev) })))
+                Ok((
+                    Done::Kv(kv.clone()),
+                    Some(Event::Put {
+                        kv,
+                        prev: Some(prev),
+                    }),
+                ))
             }
         },
         Op::Delete { key, expected } => match latest(conn, key)? {
@@ -447,7 +558,10 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Ev
                     create_revision: l.create_revision,
                     mod_revision: l.id,
                 };
-                Ok((Done::Deleted(prev.clone(), id), Some(Event::Delete { prev, revision: id })))
+                Ok((
+                    Done::Deleted(prev.clone(), id),
+                    Some(Event::Delete { prev, revision: id }),
+                ))
             }
         },
         Op::Compact { .. } => unreachable!("compaction is not part of a write group"),
@@ -504,7 +618,8 @@ impl Readers {
 }
 
 fn read_txn<'c>(conn: &'c mut Connection, ctx: &str) -> Result<rusqlite::Transaction<'c>> {
-    conn.transaction_with_behavior(TransactionBehavior::Deferred).map_err(sql_err(ctx))
+    conn.transaction_with_behavior(TransactionBehavior::Deferred)
+        .map_err(sql_err(ctx))
 }
 
 fn list_at(
@@ -520,10 +635,16 @@ fn list_at(
     let compacted = compact_rev(&tx).map_err(sql_err(&ctx))?;
     let rev = revision.filter(|r| *r > 0).unwrap_or(current);
     if rev > current {
-        return Err(Error::FutureRevision { requested: rev, current });
+        return Err(Error::FutureRevision {
+            requested: rev,
+            current,
+        });
     }
     if rev < compacted {
-        return Err(Error::Compacted { requested: rev, compacted });
+        return Err(Error::Compacted {
+            requested: rev,
+            compacted,
+        });
     }
     let hi = upper(prefix);
     let (op, lo) = match start_after {
@@ -551,12 +672,17 @@ fn list_at(
                 })
             })
             .map_err(sql_err(&ctx))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql_err(&ctx))?
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql_err(&ctx))?
     };
     let more = limit > 0 && kvs.len() > limit;
     kvs.truncate(if limit == 0 { kvs.len() } else { limit });
     tx.finish().map_err(sql_err(&ctx))?;
-    Ok(ListResult { kvs, revision: rev, more })
+    Ok(ListResult {
+        kvs,
+        revision: rev,
+        more,
+    })
 }
 
 /// Events with revision > `after` under `prefix`, at most `REPLAY_CHUNK`;
@@ -568,7 +694,10 @@ fn replay(conn: &mut Connection, prefix: &str, after: i64) -> Result<(Vec<Event>
     let current = current_rev(&tx).map_err(sql_err(&ctx))?;
     let compacted = compact_rev(&tx).map_err(sql_err(&ctx))?;
     if after < compacted {
-        return Err(Error::Compacted { requested: after, compacted });
+        return Err(Error::Compacted {
+            requested: after,
+            compacted,
+        });
     }
     let events = {
         let mut stmt = tx
@@ -593,7 +722,12 @@ fn replay(conn: &mut Connection, prefix: &str, after: i64) -> Result<(Vec<Event>
                 let prev_value: Option<Vec<u8>> = r.get(7)?;
                 Ok(if deleted {
                     Event::Delete {
-                        prev: KeyValue { key, value, create_revision, mod_revision: prev_revision },
+                        prev: KeyValue {
+                            key,
+                            value,
+                            create_revision,
+                            mod_revision: prev_revision,
+                        },
                         revision: id,
                     }
                 } else {
@@ -606,15 +740,28 @@ fn replay(conn: &mut Connection, prefix: &str, after: i64) -> Result<(Vec<Event>
                         }),
                         _ => None,
                     };
-                    Event::Put { kv: KeyValue { key, value, create_revision, mod_revision: id }, prev }
+                    Event::Put {
+                        kv: KeyValue {
+                            key,
+                            value,
+                            create_revision,
+                            mod_revision: id,
+                        },
+                        prev,
+                    }
                 })
             })
             .map_err(sql_err(&ctx))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql_err(&ctx))?
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql_err(&ctx))?
     };
     tx.finish().map_err(sql_err(&ctx))?;
     let complete = (events.len() as i64) < REPLAY_CHUNK;
-    let seen = if complete { current } else { events.last().map_or(after, Event::revision) };
+    let seen = if complete {
+        current
+    } else {
+        events.last().map_or(after, Event::revision)
+    };
     Ok((events, seen, complete))
 }
 
@@ -735,14 +882,24 @@ impl Store for SqliteStore {
     }
 
     async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue> {
-        match self.write(Op::Create { key: key.to_string(), value }).await? {
+        match self
+            .write(Op::Create {
+                key: key.to_string(),
+                value,
+            })
+            .await?
+        {
             Done::Kv(kv) => Ok(kv),
             _ => unreachable!("create answers with a KeyValue"),
         }
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected_revision: i64) -> Result<KeyValue> {
-        let op = Op::Update { key: key.to_string(), value, expected: expected_revision };
+        let op = Op::Update {
+            key: key.to_string(),
+            value,
+            expected: expected_revision,
+        };
         match self.write(op).await? {
             Done::Kv(kv) => Ok(kv),
             _ => unreachable!("update answers with a KeyValue"),
@@ -750,7 +907,10 @@ impl Store for SqliteStore {
     }
 
     async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {
-        let op = Op::Delete { key: key.to_string(), expected: expected_revision };
+        let op = Op::Delete {
+            key: key.to_string(),
+            expected: expected_revision,
+        };
         match self.write(op).await? {
             Done::Deleted(kv, rev) => Ok((kv, rev)),
             _ => unreachable!("delete answers with the deleted KeyValue"),
@@ -768,7 +928,10 @@ impl Store for SqliteStore {
             .read(|c| compact_rev(c).map_err(sql_err("read compaction point")))
             .await?;
         if after < compacted {
-            return Err(Error::Compacted { requested: after, compacted });
+            return Err(Error::Compacted {
+                requested: after,
+                compacted,
+            });
         }
         let watcher = Watcher {
             readers,
@@ -779,9 +942,10 @@ impl Store for SqliteStore {
             replaying: after < current,
             done: false,
         };
-        Ok(Box::pin(futures::stream::unfold(watcher, |mut w| async move {
-            w.next().await.map(|item| (item, w))
-        })))
+        Ok(Box::pin(futures::stream::unfold(
+            watcher,
+            |mut w| async move { w.next().await.map(|item| (item, w)) },
+        )))
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
@@ -792,7 +956,8 @@ impl Store for SqliteStore {
         self.inner
             .readers
             .read(|c| {
-                c.query_row("SELECT 1", [], |_| Ok(())).map_err(sql_err("health check query"))
+                c.query_row("SELECT 1", [], |_| Ok(()))
+                    .map_err(sql_err("health check query"))
             })
             .await?;
         if self.inner.writes.is_closed() {
@@ -853,10 +1018,14 @@ pub(crate) fn sqlite_file_check(path: &Path) -> Result<()> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(sql_err(&ctx))?;
-    let check: String =
-        conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).map_err(sql_err(&ctx))?;
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .map_err(sql_err(&ctx))?;
     if check != "ok" {
-        return Err(Error::backend(BACKEND, format!("{ctx}: integrity check failed: {check}")));
+        return Err(Error::backend(
+            BACKEND,
+            format!("{ctx}: integrity check failed: {check}"),
+        ));
     }
     let tables: i64 = conn
         .query_row(
@@ -866,7 +1035,10 @@ pub(crate) fn sqlite_file_check(path: &Path) -> Result<()> {
         )
         .map_err(sql_err(&ctx))?;
     if tables != 2 {
-        return Err(Error::backend(BACKEND, format!("{ctx}: not a skiff store snapshot")));
+        return Err(Error::backend(
+            BACKEND,
+            format!("{ctx}: not a skiff store snapshot"),
+        ));
     }
     Ok(())
 }
@@ -877,7 +1049,10 @@ mod tests {
 
     #[test]
     fn prefix_end_increments_last_char() {
-        assert_eq!(prefix_end("/registry/pods/").as_deref(), Some("/registry/pods0"));
+        assert_eq!(
+            prefix_end("/registry/pods/").as_deref(),
+            Some("/registry/pods0")
+        );
         assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
         assert_eq!(prefix_end(""), None);
     }

@@ -58,7 +58,12 @@ impl TestServer {
             ..Default::default()
         };
         let cfg = Config::resolve(flags, None).expect("config");
-        let mut s = TestServer { dir, handle: None, cfg, external_store };
+        let mut s = TestServer {
+            dir,
+            handle: None,
+            cfg,
+            external_store,
+        };
         s.boot().await;
         s
     }
@@ -68,10 +73,16 @@ impl TestServer {
             Some(s) => s.clone(),
             None => {
                 std::fs::create_dir_all(&self.cfg.data_dir).expect("data dir");
-                Arc::new(SqliteStore::open(self.cfg.data_dir.join(SQLITE_FILE)).await.expect("open sqlite"))
+                Arc::new(
+                    SqliteStore::open(self.cfg.data_dir.join(SQLITE_FILE))
+                        .await
+                        .expect("open sqlite"),
+                )
             }
         };
-        let h = server::start(&self.cfg, store).await.expect("start skiff-server");
+        let h = server::start(&self.cfg, store)
+            .await
+            .expect("start skiff-server");
         // Restarts keep the port so kubeconfigs stay valid.
         self.cfg.secure_port = h.addr.port();
         self.handle = Some(h);
@@ -105,8 +116,13 @@ impl TestServer {
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> PathBuf {
         let pki = Pki::load_or_create(&self.cfg.data_dir).expect("pki");
         let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
-        let text = pki.kubeconfig(&self.url(), user, &groups).expect("kubeconfig");
-        let path = self.dir.path().join(format!("{}.kubeconfig", user.replace(':', "_")));
+        let text = pki
+            .kubeconfig(&self.url(), user, &groups)
+            .expect("kubeconfig");
+        let path = self
+            .dir
+            .path()
+            .join(format!("{}.kubeconfig", user.replace(':', "_")));
         std::fs::write(&path, text).expect("write kubeconfig");
         path
     }
@@ -130,13 +146,22 @@ impl TestServer {
             .env("HOME", self.dir.path())
             .arg(format!("--cache-dir={}", cache.display()))
             .args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("run kubectl");
         if let Some(input) = stdin {
             use std::io::Write;
-            child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(input.as_bytes())
+                .expect("write stdin");
         }
         child.wait_with_output().expect("kubectl output")
     }
@@ -145,9 +170,10 @@ impl TestServer {
     pub async fn client_from(&self, kubeconfig: &Path) -> kube::Client {
         install_crypto();
         let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .expect("kube config");
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .expect("kube config");
         kube::Client::try_from(cfg).expect("kube client")
     }
 
@@ -184,7 +210,13 @@ impl TestServer {
 
 /// Send a raw request; returns the status code, headers and JSON (or
 /// `Value::String` of the text) body.
-pub async fn raw(client: &kube::Client, method: &str, path: &str, content_type: &str, body: Vec<u8>) -> (u16, http::HeaderMap, Value) {
+pub async fn raw(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (u16, http::HeaderMap, Value) {
     let req = http::Request::builder()
         .method(method)
         .uri(path)
@@ -195,7 +227,8 @@ pub async fn raw(client: &kube::Client, method: &str, path: &str, content_type: 
     let code = resp.status().as_u16();
     let headers = resp.headers().clone();
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
     (code, headers, v)
 }
 
@@ -212,7 +245,11 @@ pub fn ok(out: Output) -> String {
 
 /// kubectl stderr, failing the test when kubectl succeeded.
 pub fn fails(out: Output) -> String {
-    assert!(!out.status.success(), "kubectl unexpectedly succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "kubectl unexpectedly succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

@@ -40,26 +40,56 @@ pub const MANIFESTS: &[(&str, &str)] = &[
 /// with kubectl.
 pub async fn kubectl_crud_every_kind(s: &TestServer) {
     for (res, manifest) in MANIFESTS {
-        let name = manifest.split("name: ").nth(1).and_then(|r| r.split('}').next()).unwrap().trim();
+        let name = manifest
+            .split("name: ")
+            .nth(1)
+            .and_then(|r| r.split('}').next())
+            .unwrap()
+            .trim();
         ok(s.kubectl_stdin(&["create", "-f", "-"], manifest));
-        let got: Value = serde_json::from_str(&ok(s.kubectl(&["get", res, name, "-o", "json"]))).unwrap();
+        let got: Value =
+            serde_json::from_str(&ok(s.kubectl(&["get", res, name, "-o", "json"]))).unwrap();
         assert_eq!(got["metadata"]["name"], *name, "{res}");
-        assert!(got["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()), "{res} has a uid");
+        assert!(
+            got["metadata"]["uid"]
+                .as_str()
+                .is_some_and(|u| !u.is_empty()),
+            "{res} has a uid"
+        );
         assert!(got["metadata"]["creationTimestamp"].is_string(), "{res}");
-        let rv1: i64 = got["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+        let rv1: i64 = got["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         let list = ok(s.kubectl(&["get", res, "-o", "name"]));
-        assert!(list.lines().any(|l| l.ends_with(&format!("/{name}"))), "{res} list: {list}");
+        assert!(
+            list.lines().any(|l| l.ends_with(&format!("/{name}"))),
+            "{res} list: {list}"
+        );
         ok(s.kubectl(&["label", res, name, "tested=yes"]));
         let labelled = ok(s.kubectl(&["get", res, "-l", "tested=yes", "-o", "name"]));
         assert!(labelled.contains(name), "{res} label selector: {labelled}");
-        let mut obj: Value = serde_json::from_str(&ok(s.kubectl(&["get", res, name, "-o", "json"]))).unwrap();
+        let mut obj: Value =
+            serde_json::from_str(&ok(s.kubectl(&["get", res, name, "-o", "json"]))).unwrap();
         obj["metadata"]["annotations"] = json!({"replaced": "true"});
         ok(s.kubectl_stdin(&["replace", "-f", "-"], &obj.to_string()));
-        let after: Value = serde_json::from_str(&ok(s.kubectl(&["get", res, name, "-o", "json"]))).unwrap();
-        assert_eq!(after["metadata"]["annotations"]["replaced"], "true", "{res}");
-        let rv2: i64 = after["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+        let after: Value =
+            serde_json::from_str(&ok(s.kubectl(&["get", res, name, "-o", "json"]))).unwrap();
+        assert_eq!(
+            after["metadata"]["annotations"]["replaced"], "true",
+            "{res}"
+        );
+        let rv2: i64 = after["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(rv2 > rv1, "{res}: resourceVersion moves forward");
-        assert_eq!(after["metadata"]["uid"], got["metadata"]["uid"], "{res}: uid is kept");
+        assert_eq!(
+            after["metadata"]["uid"], got["metadata"]["uid"],
+            "{res}: uid is kept"
+        );
         if *res != "namespaces" {
             ok(s.kubectl(&["delete", res, name, "--wait=false"]));
             // Bound pods would wait for their node; this one is not bound.
@@ -82,29 +112,64 @@ pub async fn kube_rs_round_trips(s: &TestServer) {
     .unwrap();
     let created = pods.create(&PostParams::default(), &pod).await.unwrap();
     let name = created.metadata.name.clone().unwrap();
-    assert!(name.starts_with("gen-") && name.len() == 9, "generateName: {name}");
+    assert!(
+        name.starts_with("gen-") && name.len() == 9,
+        "generateName: {name}"
+    );
     let spec = created.spec.as_ref().unwrap();
     assert_eq!(spec.restart_policy.as_deref(), Some("Always"));
     assert_eq!(spec.termination_grace_period_seconds, Some(30));
     assert_eq!(spec.dns_policy.as_deref(), Some("ClusterFirst"));
-    assert_eq!(spec.containers[0].image_pull_policy.as_deref(), Some("Always"));
-    assert_eq!(created.status.as_ref().unwrap().phase.as_deref(), Some("Pending"));
-    let listed = pods.list(&ListParams::default().labels("app=x")).await.unwrap();
+    assert_eq!(
+        spec.containers[0].image_pull_policy.as_deref(),
+        Some("Always")
+    );
+    assert_eq!(
+        created.status.as_ref().unwrap().phase.as_deref(),
+        Some("Pending")
+    );
+    let listed = pods
+        .list(&ListParams::default().labels("app=x"))
+        .await
+        .unwrap();
     assert_eq!(listed.items.len(), 1);
     let patched = pods
-        .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"b": "c"}}})))
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"b": "c"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(patched.metadata.labels.unwrap()["b"], "c");
     // Strategic merge keeps the other container fields.
     let patched = pods
-        .patch(&name, &PatchParams::default(), &Patch::Strategic(json!({"spec": {"containers": [{"name": "c", "image": "busybox:2"}]}})))
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "c", "image": "busybox:2"}]}}),
+            ),
+        )
         .await
         .unwrap();
-    assert_eq!(patched.spec.as_ref().unwrap().containers[0].image.as_deref(), Some("busybox:2"));
-    assert_eq!(patched.spec.as_ref().unwrap().containers[0].termination_message_path.as_deref(), Some("/dev/termination-log"));
+    assert_eq!(
+        patched.spec.as_ref().unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("busybox:2")
+    );
+    assert_eq!(
+        patched.spec.as_ref().unwrap().containers[0]
+            .termination_message_path
+            .as_deref(),
+        Some("/dev/termination-log")
+    );
     pods.delete(&name, &DeleteParams::default()).await.unwrap();
-    assert!(pods.get_opt(&name).await.unwrap().is_none(), "unbound pod deletes at once");
+    assert!(
+        pods.get_opt(&name).await.unwrap().is_none(),
+        "unbound pod deletes at once"
+    );
 
     let deps: Api<Deployment> = Api::namespaced(client.clone(), "default");
     let d: Deployment = serde_json::from_value(json!({
@@ -117,23 +182,38 @@ pub async fn kube_rs_round_trips(s: &TestServer) {
     assert_eq!(spec.replicas, Some(1));
     assert_eq!(spec.revision_history_limit, Some(10));
     assert_eq!(spec.progress_deadline_seconds, Some(600));
-    assert_eq!(spec.strategy.as_ref().unwrap().type_.as_deref(), Some("RollingUpdate"));
+    assert_eq!(
+        spec.strategy.as_ref().unwrap().type_.as_deref(),
+        Some("RollingUpdate")
+    );
     assert_eq!(d.metadata.generation, Some(1));
     // A spec change bumps generation; a status write does not.
     let d2 = deps
-        .patch("typed", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 3}})))
+        .patch(
+            "typed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
         .await
         .unwrap();
     assert_eq!(d2.metadata.generation, Some(2));
     let d3 = deps
-        .patch_status("typed", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 3, "observedGeneration": 2}})))
+        .patch_status(
+            "typed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 3, "observedGeneration": 2}})),
+        )
         .await
         .unwrap();
     assert_eq!(d3.metadata.generation, Some(2));
     assert_eq!(d3.status.as_ref().unwrap().replicas, Some(3));
     // The main resource ignores status; the status subresource ignores spec.
     let d4 = deps
-        .patch("typed", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 9}})))
+        .patch(
+            "typed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 9}})),
+        )
         .await
         .unwrap();
     assert_eq!(d4.status.as_ref().unwrap().replicas, Some(3));
@@ -149,10 +229,13 @@ pub async fn apply_twice(s: &TestServer) {
     assert!(out.contains("deployment.apps/web created"), "{out}");
     // Something else (a controller) adds a field kubectl never applied.
     ok(s.kubectl(&["annotate", "deploy", "web", "other=kept"]));
-    let v2 = v1.replace("busybox:1.36", "busybox:1.37").replace("        - {name: DROP, value: '2'}\n", "");
+    let v2 = v1
+        .replace("busybox:1.36", "busybox:1.37")
+        .replace("        - {name: DROP, value: '2'}\n", "");
     let out = ok(s.kubectl_stdin(&["apply", "-f", "-"], &v2));
     assert!(out.contains("deployment.apps/web configured"), "{out}");
-    let d: Value = serde_json::from_str(&ok(s.kubectl(&["get", "deploy", "web", "-o", "json"]))).unwrap();
+    let d: Value =
+        serde_json::from_str(&ok(s.kubectl(&["get", "deploy", "web", "-o", "json"]))).unwrap();
     let c = &d["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["image"], "busybox:1.37");
     assert_eq!(c["env"], json!([{"name": "KEEP", "value": "1"}]));
@@ -161,29 +244,41 @@ pub async fn apply_twice(s: &TestServer) {
     let out = ok(s.kubectl_stdin(&["apply", "-f", "-"], &v2));
     assert!(out.contains("unchanged"), "{out}");
     // Server-side apply works for the common case too.
-    let out = ok(s.kubectl_stdin(&["apply", "--server-side", "-f", "-"], "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ssa}\ndata: {a: '1'}\n"));
+    let out = ok(s.kubectl_stdin(
+        &["apply", "--server-side", "-f", "-"],
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ssa}\ndata: {a: '1'}\n",
+    ));
     assert!(out.contains("serverside-applied"), "{out}");
 }
 
 /// Optimistic concurrency: a write with a stale resourceVersion gets 409.
 pub async fn conflicts(s: &TestServer) {
     let cms: Api<ConfigMap> = Api::namespaced(s.client().await, "default");
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cc"}, "data": {"a": "1"}})).unwrap();
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "cc"}, "data": {"a": "1"}})).unwrap();
     let v1 = cms.create(&PostParams::default(), &cm).await.unwrap();
     let mut v2 = v1.clone();
     v2.data = Some([("a".to_string(), "2".to_string())].into());
-    cms.replace("cc", &PostParams::default(), &v2).await.unwrap();
+    cms.replace("cc", &PostParams::default(), &v2)
+        .await
+        .unwrap();
     let mut stale = v1.clone();
     stale.data = Some([("a".to_string(), "3".to_string())].into());
     match cms.replace("cc", &PostParams::default(), &stale).await {
         Err(kube::Error::Api(st)) => {
             assert_eq!(st.code, 409);
-            assert!(st.message.contains("the object has been modified"), "{}", st.message);
+            assert!(
+                st.message.contains("the object has been modified"),
+                "{}",
+                st.message
+            );
         }
         other => panic!("stale update: expected 409, got {other:?}"),
     }
     match cms.create(&PostParams::default(), &cm).await {
-        Err(kube::Error::Api(st)) => assert_eq!((st.code, st.reason.as_str()), (409, "AlreadyExists")),
+        Err(kube::Error::Api(st)) => {
+            assert_eq!((st.code, st.reason.as_str()), (409, "AlreadyExists"))
+        }
         other => panic!("duplicate create: expected 409, got {other:?}"),
     }
 }
@@ -193,7 +288,10 @@ pub async fn pagination(s: &TestServer) {
     let client = s.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..25 {
-        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("page-{i:02}"), "labels": {"page": "y"}}})).unwrap();
+        let cm: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": format!("page-{i:02}"), "labels": {"page": "y"}}}),
+        )
+        .unwrap();
         cms.create(&PostParams::default(), &cm).await.unwrap();
     }
     let mut names = BTreeSet::new();
@@ -212,7 +310,10 @@ pub async fn pagination(s: &TestServer) {
             rv = page.metadata.resource_version.clone();
         }
         for i in page.items {
-            assert!(names.insert(i.metadata.name.unwrap()), "an object came twice");
+            assert!(
+                names.insert(i.metadata.name.unwrap()),
+                "an object came twice"
+            );
         }
         token = page.metadata.continue_.filter(|c| !c.is_empty());
         if token.is_none() {
@@ -223,7 +324,14 @@ pub async fn pagination(s: &TestServer) {
     assert_eq!(pages, 3);
     let out = ok(s.kubectl(&["get", "cm", "-l", "page=y", "--chunk-size=7", "-o", "name"]));
     assert_eq!(out.lines().count(), 25);
-    let (code, _, body) = raw(&client, "GET", "/api/v1/namespaces/default/configmaps?limit=2&continue=bogus", "application/json", vec![]).await;
+    let (code, _, body) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/configmaps?limit=2&continue=bogus",
+        "application/json",
+        vec![],
+    )
+    .await;
     assert_eq!(code, 400, "{body}");
 }
 
@@ -233,7 +341,11 @@ pub async fn tables(s: &TestServer) {
     let out = ok(s.kubectl(&["get", "pods"]));
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
-    assert!(out.lines().any(|l| l.starts_with("tp ") && l.contains("0/1") && l.contains("Pending")), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("tp ") && l.contains("0/1") && l.contains("Pending")),
+        "{out}"
+    );
     let wide = ok(s.kubectl(&["get", "pods", "-o", "wide"]));
     let h = wide.lines().next().unwrap();
     for col in ["IP", "NODE", "NOMINATED NODE", "READINESS GATES"] {
@@ -244,13 +356,32 @@ pub async fn tables(s: &TestServer) {
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]);
     let out = ok(s.kubectl(&["get", "ns"]));
-    assert!(out.starts_with("NAME") && out.contains("STATUS") && out.contains("kube-system"), "{out}");
+    assert!(
+        out.starts_with("NAME") && out.contains("STATUS") && out.contains("kube-system"),
+        "{out}"
+    );
     let out = ok(s.kubectl(&["get", "svc"]));
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]);
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "TYPE",
+            "CLUSTER-IP",
+            "EXTERNAL-IP",
+            "PORT(S)",
+            "AGE"
+        ]
+    );
     let all = ok(s.kubectl(&["get", "all"]));
-    assert!(all.contains("pod/tp") && all.contains("deployment.apps/td"), "{all}");
-    ok(s.kubectl(&["get", "po,cm,secrets,ep,ev,sa,nodes,rs,ds,jobs,leases,endpointslices,roles,clusterroles"]));
+    assert!(
+        all.contains("pod/tp") && all.contains("deployment.apps/td"),
+        "{all}"
+    );
+    ok(s.kubectl(&[
+        "get",
+        "po,cm,secrets,ep,ev,sa,nodes,rs,ds,jobs,leases,endpointslices,roles,clusterroles",
+    ]));
 }
 
 /// Binding, graceful deletion, finalizers and namespace termination.
@@ -269,12 +400,26 @@ pub async fn pod_lifecycle(s: &TestServer) {
     .await;
     assert_eq!(code, 201, "{body}");
     let bound = pods.get("life").await.unwrap();
-    assert_eq!(bound.spec.as_ref().unwrap().node_name.as_deref(), Some("n1"));
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("n1")
+    );
     let conds = bound.status.as_ref().unwrap().conditions.clone().unwrap();
-    assert!(conds.iter().any(|c| c.type_ == "PodScheduled" && c.status == "True"));
+    assert!(conds
+        .iter()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "True"));
     // A second binding is refused.
-    let (code, _, _) = raw(&client, "POST", "/api/v1/namespaces/default/pods/life/binding", "application/json",
-        serde_json::to_vec(&json!({"metadata": {"name": "life"}, "target": {"kind": "Node", "name": "n2"}})).unwrap()).await;
+    let (code, _, _) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/pods/life/binding",
+        "application/json",
+        serde_json::to_vec(
+            &json!({"metadata": {"name": "life"}, "target": {"kind": "Node", "name": "n2"}}),
+        )
+        .unwrap(),
+    )
+    .await;
     assert_eq!(code, 409);
     // Bound: graceful delete keeps it with deletionTimestamp...
     pods.delete("life", &DeleteParams::default()).await.unwrap();
@@ -285,30 +430,60 @@ pub async fn pod_lifecycle(s: &TestServer) {
     assert!(out.contains("Terminating"), "{out}");
     // ...until the node finishes it with grace 0 and a uid precondition.
     let uid = terminating.metadata.uid.clone().unwrap();
-    pods.delete("life", &DeleteParams { grace_period_seconds: Some(0), preconditions: Some(kube::api::Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() })
-        .await
-        .unwrap();
+    pods.delete(
+        "life",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     assert!(pods.get_opt("life").await.unwrap().is_none());
 
     // Finalizers hold a deletion until the last one is removed.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "fin", "finalizers": ["example.com/hold"]}})).unwrap();
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "fin", "finalizers": ["example.com/hold"]}}),
+    )
+    .unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
     cms.delete("fin", &DeleteParams::default()).await.unwrap();
     let held = cms.get("fin").await.unwrap();
     assert!(held.metadata.deletion_timestamp.is_some());
-    cms.patch("fin", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
-    assert!(cms.get_opt("fin").await.unwrap().is_none(), "last finalizer removed: gone");
+    cms.patch(
+        "fin",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        cms.get_opt("fin").await.unwrap().is_none(),
+        "last finalizer removed: gone"
+    );
 
     // Namespace termination: Terminating, no new content, finalize ends it.
     let nss: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap();
     nss.create(&PostParams::default(), &ns).await.unwrap();
-    nss.delete("doomed", &DeleteParams::default()).await.unwrap();
+    nss.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
     let ns = nss.get("doomed").await.unwrap();
     assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
     let in_doomed: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
-    match in_doomed.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap()).await {
+    match in_doomed
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap(),
+        )
+        .await
+    {
         Err(kube::Error::Api(st)) => assert_eq!(st.code, 403, "{}", st.message),
         other => panic!("create in terminating namespace: {other:?}"),
     }
@@ -317,14 +492,23 @@ pub async fn pod_lifecycle(s: &TestServer) {
     assert_eq!(code, 200, "{body}");
     assert!(nss.get_opt("doomed").await.unwrap().is_none());
     let in_missing: Api<ConfigMap> = Api::namespaced(client.clone(), "missing-ns");
-    match in_missing.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap()).await {
+    match in_missing
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap(),
+        )
+        .await
+    {
         Err(kube::Error::Api(st)) => assert_eq!(st.code, 404),
         other => panic!("create in missing namespace: {other:?}"),
     }
     // Scale subresource through kubectl.
     ok(s.kubectl_stdin(&["create", "-f", "-"], "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: sc}\nspec:\n  selector: {matchLabels: {app: sc}}\n  template:\n    metadata: {labels: {app: sc}}\n    spec: {containers: [{name: c, image: busybox:1}]}\n"));
     ok(s.kubectl(&["scale", "rs", "sc", "--replicas=4"]));
-    assert_eq!(ok(s.kubectl(&["get", "rs", "sc", "-o", "jsonpath={.spec.replicas}"])), "4");
+    assert_eq!(
+        ok(s.kubectl(&["get", "rs", "sc", "-o", "jsonpath={.spec.replicas}"])),
+        "4"
+    );
     // Streaming routes exist and say why they cannot serve yet.
     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "logs"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i:1"}]}})).unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -337,7 +521,13 @@ pub async fn events(s: &TestServer) {
     for (name, obj) in [("e1", "a"), ("e2", "b")] {
         ok(s.kubectl_stdin(&["create", "-f", "-"], &format!("apiVersion: v1\nkind: Event\nmetadata: {{name: {name}}}\ninvolvedObject: {{kind: Pod, name: {obj}, namespace: default}}\nreason: R\nmessage: m-{name}\ntype: Warning\nlastTimestamp: '2026-01-01T00:00:00Z'\n")));
     }
-    let out = ok(s.kubectl(&["get", "events", "--field-selector", "involvedObject.name=a", "--sort-by=.lastTimestamp"]));
+    let out = ok(s.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=a",
+        "--sort-by=.lastTimestamp",
+    ]));
     assert!(out.contains("m-e1") && !out.contains("m-e2"), "{out}");
     assert!(out.starts_with("LAST SEEN"), "{out}");
     assert!(out.contains("pod/a"), "{out}");

@@ -89,12 +89,15 @@ impl EtcdMember {
     fn healthy(&self) -> bool {
         use std::io::{Read, Write};
         let addr = self.client_url.trim_start_matches("http://");
-        let Ok(mut s) = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(200))
+        let Ok(mut s) =
+            TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(200))
         else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        if s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).is_err() {
+        if s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .is_err()
+        {
             return false;
         }
         let mut body = String::new();
@@ -112,7 +115,10 @@ impl EtcdCluster {
     /// `n` members forming one cluster; returns once every member reports
     /// healthy (a leader was elected).
     pub fn start_n(n: usize) -> EtcdCluster {
-        let dir = tempfile::Builder::new().prefix("skiff-etcd-").tempdir().expect("temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("skiff-etcd-")
+            .tempdir()
+            .expect("temp dir");
         let mut reserved = Vec::new();
         let mut members: Vec<EtcdMember> = (0..n)
             .map(|i| {
@@ -129,10 +135,15 @@ impl EtcdCluster {
                 }
             })
             .collect();
-        let initial: Vec<String> =
-            members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect();
+        let initial: Vec<String> = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url))
+            .collect();
         let initial = initial.join(",");
-        let token = format!("skiff-test-{}", dir.path().file_name().unwrap().to_string_lossy());
+        let token = format!(
+            "skiff-test-{}",
+            dir.path().file_name().unwrap().to_string_lossy()
+        );
         drop(reserved);
         for m in &mut members {
             m.spawn(&initial, "new", &token);
@@ -145,7 +156,10 @@ impl EtcdCluster {
     /// One member on an existing data directory (for example one made by
     /// `etcdctl snapshot restore --name NAME --initial-advertise-peer-urls PEER`).
     pub fn start_existing(data_dir: &Path, name: &str, peer_url: &str) -> EtcdCluster {
-        let dir = tempfile::Builder::new().prefix("skiff-etcd-").tempdir().expect("temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("skiff-etcd-")
+            .tempdir()
+            .expect("temp dir");
         let (cp, cl) = free_port();
         drop(cl);
         let mut m = EtcdMember {
@@ -157,7 +171,10 @@ impl EtcdCluster {
             child: None,
         };
         m.spawn(&format!("{name}={peer_url}"), "existing", "skiff-restored");
-        let cluster = EtcdCluster { members: vec![m], dir };
+        let cluster = EtcdCluster {
+            members: vec![m],
+            dir,
+        };
         cluster.wait_healthy();
         cluster
     }
@@ -175,7 +192,11 @@ impl EtcdCluster {
     }
 
     pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().filter(|m| m.is_running()).map(|m| m.client_url.clone()).collect()
+        self.members
+            .iter()
+            .filter(|m| m.is_running())
+            .map(|m| m.client_url.clone())
+            .collect()
     }
 
     fn wait_healthy(&self) {
@@ -183,7 +204,11 @@ impl EtcdCluster {
         for m in &self.members {
             while !m.healthy() {
                 if Instant::now() > deadline {
-                    panic!("etcd member {} did not become healthy:\n{}", m.name, m.log_tail());
+                    panic!(
+                        "etcd member {} did not become healthy:\n{}",
+                        m.name,
+                        m.log_tail()
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
