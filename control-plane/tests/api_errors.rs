@@ -506,7 +506,10 @@ async fn garbage_never_breaks_the_server() {
             for (i, body) in bodies.iter().enumerate() {
                 let ct = types[i % types.len()];
                 let (code, _, resp) = raw(&c, method, path, ct, body.clone()).await;
-                assert!(code < 500 || code == 503, "{method} {path} ({ct}, body {i}) -> {code}: {resp}");
+                assert!(
+                    code < 500 || code == 503,
+                    "{method} {path} ({ct}, body {i}) -> {code}: {resp}"
+                );
             }
         }
     }

@@ -602,7 +602,18 @@ pub struct Images<'a> {
     pub(crate) client: cri_proto::CriClient,
 }
 
-impl Images<'_> {
+impl<'a> Images<'a> {
+    /// Side-loading into any containerd (not only a harness one): used by
+    /// the bring-up script to load the demo images.
+    pub fn new(socket: &'a Path, work_dir: &'a Path, snapshotter: &'a str, client: cri_proto::CriClient) -> Images<'a> {
+        Images {
+            socket,
+            dir: work_dir,
+            snapshotter,
+            client,
+        }
+    }
+
     /// Imports `image` with `ctr images import` (unpacked for the CRI
     /// snapshotter) and waits until CRI `ImageStatus` reports it by name.
     ///

@@ -32,7 +32,11 @@ pub fn converts(def: &ResourceDef) -> bool {
     def.group == "events.k8s.io"
 }
 
-fn rename(obj: &Value, api_version: &str, pairs: impl Iterator<Item = (&'static str, &'static str)>) -> Value {
+fn rename(
+    obj: &Value,
+    api_version: &str,
+    pairs: impl Iterator<Item = (&'static str, &'static str)>,
+) -> Value {
     let mut out = Map::new();
     out.insert("apiVersion".into(), Value::String(api_version.into()));
     out.insert("kind".into(), Value::String("Event".into()));
@@ -49,7 +53,11 @@ pub fn to_storage(def: &ResourceDef, obj: &Value) -> Value {
     if !converts(def) {
         return obj.clone();
     }
-    rename(obj, "v1", EVENT_FIELDS.iter().map(|(api, core)| (*api, *core)))
+    rename(
+        obj,
+        "v1",
+        EVENT_FIELDS.iter().map(|(api, core)| (*api, *core)),
+    )
 }
 
 /// Stored form -> API form.
@@ -57,7 +65,11 @@ pub fn from_storage(def: &ResourceDef, obj: Value) -> Value {
     if !converts(def) {
         return obj;
     }
-    rename(&obj, &def.api_version(), EVENT_FIELDS.iter().map(|(api, core)| (*core, *api)))
+    rename(
+        &obj,
+        &def.api_version(),
+        EVENT_FIELDS.iter().map(|(api, core)| (*core, *api)),
+    )
 }
 
 /// Decode stored bytes into `def`'s API form, with resourceVersion set.

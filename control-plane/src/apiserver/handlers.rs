@@ -47,7 +47,9 @@ fn object_response(r: &Req, code: u16, obj: &Value) -> Response<Body> {
 }
 
 pub(crate) async fn get(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Body>> {
-    let raw = !convert::converts(r.def) && !table::wants_table(r.accept()) && !table::wants_metadata(r.accept());
+    let raw = !convert::converts(r.def)
+        && !table::wants_table(r.accept())
+        && !table::wants_metadata(r.accept());
     if raw {
         let kv = api.store.get(&r.key()).await.map_err(|e| store_err(r, e))?;
         let kv = kv.ok_or_else(|| ApiError::not_found(r.def.group, r.def.plural, r.name()))?;
@@ -224,7 +226,11 @@ pub(crate) async fn list(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Bo
     );
     let mut first = true;
     for kv in &kvs {
-        let spliced = if convert::converts(r.def) { None } else { objects::splice_resource_version(&kv.value, kv.mod_revision) };
+        let spliced = if convert::converts(r.def) {
+            None
+        } else {
+            objects::splice_resource_version(&kv.value, kv.mod_revision)
+        };
         let item = match spliced {
             Some(b) => b,
             None => match convert::decode(r.def, &kv.value, kv.mod_revision) {

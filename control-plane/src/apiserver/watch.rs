@@ -16,8 +16,8 @@ use futures::StreamExt;
 use http::{header, HeaderValue, Response};
 use serde_json::{json, Value};
 
-use super::handlers::selectors;
 use super::convert;
+use super::handlers::selectors;
 use super::objects::meta_mut;
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
@@ -240,7 +240,11 @@ fn raw_event(ev: &Event) -> Option<Bytes> {
 /// Store event -> watch event type and object, applying the selector the
 /// way upstream does: an object that stops matching is DELETED for this
 /// watcher, one that starts matching is ADDED.
-fn translate(def: &ResourceDef, ev: &Event, matches: &dyn Fn(&Value) -> bool) -> Option<(&'static str, Value)> {
+fn translate(
+    def: &ResourceDef,
+    ev: &Event,
+    matches: &dyn Fn(&Value) -> bool,
+) -> Option<(&'static str, Value)> {
     match ev {
         Event::Put { kv, prev } => {
             let obj = convert::decode(def, &kv.value, kv.mod_revision)?;

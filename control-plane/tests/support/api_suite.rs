@@ -531,6 +531,22 @@ pub async fn events(s: &TestServer) {
     assert!(out.contains("m-e1") && !out.contains("m-e2"), "{out}");
     assert!(out.starts_with("LAST SEEN"), "{out}");
     assert!(out.contains("pod/a"), "{out}");
+    // events.k8s.io Events (what kube-rs's recorder writes) are the same
+    // objects as core Events.
+    ok(s.kubectl_stdin(&["create", "-f", "-"], "apiVersion: events.k8s.io/v1\nkind: Event\nmetadata: {name: rec1}\neventTime: 2026-01-01T00:00:00.000000Z\nreportingController: skiff/test\nreportingInstance: t1\naction: Sync\nreason: Recorded\nnote: from-recorder\nregarding: {kind: Pod, name: c, namespace: default}\ntype: Normal\n"));
+    let out = ok(s.kubectl(&["get", "events", "--field-selector", "involvedObject.name=c"]));
+    assert!(
+        out.contains("from-recorder") && out.contains("Recorded"),
+        "{out}"
+    );
+    let out = ok(s.kubectl(&[
+        "get",
+        "events.events.k8s.io",
+        "rec1",
+        "-o",
+        "jsonpath={.note} {.regarding.name}",
+    ]));
+    assert_eq!(out, "from-recorder c");
     let err = fails(s.kubectl(&["get", "pods", "--field-selector", "spec.bogus=1"]));
     assert!(err.contains("field label not supported"), "{err}");
     let watch_ok = eventually(Duration::from_secs(1), || async { true }).await;

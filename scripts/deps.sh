@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the system packages skiff needs (Debian/Ubuntu), only the missing
+# ones, and checks the Rust toolchain. Safe to re-run.
+set -euo pipefail
+
+PACKAGES=(containerd runc containernetworking-plugins nftables iptables iproute2
+          busybox-static etcd-server protobuf-compiler gcc libc6-dev ca-certificates)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup) first" >&2; exit 1; }

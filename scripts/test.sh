@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tests, and end-to-end tests against a
+# private containerd, real etcd and real kubectl that the tests start and
+# remove themselves. Needs root. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+
+# Build everything first so the e2e tests find the binaries they run.
+cargo build --workspace --bins --tests --quiet
+# Two test threads on two cores: each e2e test starts its own containerd.
+cargo test --workspace -- --test-threads=2
