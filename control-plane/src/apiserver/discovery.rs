@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::resources::{self, ResourceDef, VERBS};
+use super::resources::{self, ResourceDef};
 
 /// The Kubernetes version this server speaks.
 pub const KUBE_MINOR: &str = "33";
@@ -56,7 +56,7 @@ fn resource_json(r: &ResourceDef) -> Value {
         "singularName": r.singular,
         "namespaced": r.namespaced,
         "kind": r.kind,
-        "verbs": VERBS,
+        "verbs": r.verbs(),
         "storageVersionHash": "",
     });
     if !r.short_names.is_empty() {
@@ -126,7 +126,7 @@ pub fn aggregated(core: bool) -> Value {
                         "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
                         "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
                         "singularResource": r.singular,
-                        "verbs": VERBS,
+                        "verbs": r.verbs(),
                         "subresources": subs,
                     });
                     if !r.short_names.is_empty() {

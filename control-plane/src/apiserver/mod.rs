@@ -397,6 +397,12 @@ impl ApiServer {
         if let Some(sub) = r.sub.clone() {
             return subresources::dispatch(self, method, r, &sub, body).await;
         }
+        if r.def.is_review() {
+            if *method != Method::POST || r.name.is_some() {
+                return Err(ApiError::method_not_allowed(format!("only create is supported on {}", r.def.plural)));
+            }
+            return self.access_review(&r, body).await;
+        }
         match (method.clone(), r.name.is_some()) {
             (Method::GET, true) => handlers::get(self, &r).await,
             (Method::GET, false) if r.attrs.verb == "watch" => watch::serve(self, &r).await,
@@ -411,6 +417,48 @@ impl ApiServer {
                 r.attrs.path
             ))),
         }
+    }
+}
+
+impl ApiServer {
+    /// Answer a (Self)SubjectAccessReview with the same authorizers that
+    /// guard requests.
+    async fn access_review(&self, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
+        let mut review = decode_body(&body, r.content_type())?;
+        check_type_meta(r.def, &mut review)?;
+        let spec = review.get("spec").cloned().unwrap_or(Value::Null);
+        let subject = if r.def.kind == "SelfSubjectAccessReview" {
+            r.identity.clone()
+        } else {
+            let groups = spec["groups"].as_array().into_iter().flatten().filter_map(|g| g.as_str().map(String::from)).collect();
+            let mut id = Identity::new(spec["user"].as_str().unwrap_or_default(), groups);
+            id.uid = spec["uid"].as_str().unwrap_or_default().to_string();
+            id
+        };
+        let s = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
+        let attrs = if let Some(ra) = spec.get("resourceAttributes").filter(|v| v.is_object()) {
+            Attributes {
+                verb: s(ra, "verb"),
+                resource_request: true,
+                group: s(ra, "group"),
+                resource: s(ra, "resource"),
+                subresource: s(ra, "subresource"),
+                namespace: s(ra, "namespace"),
+                name: s(ra, "name"),
+                path: String::new(),
+            }
+        } else if let Some(nr) = spec.get("nonResourceAttributes").filter(|v| v.is_object()) {
+            Attributes { verb: s(nr, "verb"), path: s(nr, "path"), ..Default::default() }
+        } else {
+            return Err(ApiError::invalid(r.def.kind, r.def.group, "", vec![status::Cause::required("spec.resourceAttributes")]));
+        };
+        let (allowed, reason) = match self.authorize(&subject, &attrs).await {
+            Ok(()) => (true, "allowed".to_string()),
+            Err(e) => (false, e.message),
+        };
+        review["status"] = serde_json::json!({"allowed": allowed, "reason": reason});
+        review["metadata"] = serde_json::json!({"creationTimestamp": null});
+        Ok(json_response(201, &review))
     }
 }
 

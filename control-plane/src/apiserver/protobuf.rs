@@ -304,6 +304,7 @@ fn package(group: &str) -> Option<&'static str> {
         "apps" => Some("apps"),
         "batch" => Some("batch"),
         "rbac.authorization.k8s.io" => Some("rbac"),
+        "authorization.k8s.io" => Some("authorization"),
         _ => None,
     }
 }

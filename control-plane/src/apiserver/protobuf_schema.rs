@@ -191,6 +191,89 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 1, name: "type", kind: Str, repeated: false, msg: "" },
         Field { num: 2, name: "rollingUpdate", kind: Msg, repeated: false, msg: "apps.RollingUpdateStatefulSetStrategy" },
     ]),
+    ("authorization.ExtraValue", &[
+        Field { num: 1, name: "items", kind: Str, repeated: true, msg: "" },
+    ]),
+    ("authorization.FieldSelectorAttributes", &[
+        Field { num: 1, name: "rawSelector", kind: Str, repeated: false, msg: "" },
+        Field { num: 2, name: "requirements", kind: Msg, repeated: true, msg: "meta.FieldSelectorRequirement" },
+    ]),
+    ("authorization.LabelSelectorAttributes", &[
+        Field { num: 1, name: "rawSelector", kind: Str, repeated: false, msg: "" },
+        Field { num: 2, name: "requirements", kind: Msg, repeated: true, msg: "meta.LabelSelectorRequirement" },
+    ]),
+    ("authorization.LocalSubjectAccessReview", &[
+        Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ObjectMeta" },
+        Field { num: 2, name: "spec", kind: Msg, repeated: false, msg: "authorization.SubjectAccessReviewSpec" },
+        Field { num: 3, name: "status", kind: Msg, repeated: false, msg: "authorization.SubjectAccessReviewStatus" },
+    ]),
+    ("authorization.NonResourceAttributes", &[
+        Field { num: 1, name: "path", kind: Str, repeated: false, msg: "" },
+        Field { num: 2, name: "verb", kind: Str, repeated: false, msg: "" },
+    ]),
+    ("authorization.NonResourceRule", &[
+        Field { num: 1, name: "verbs", kind: Str, repeated: true, msg: "" },
+        Field { num: 2, name: "nonResourceURLs", kind: Str, repeated: true, msg: "" },
+    ]),
+    ("authorization.ResourceAttributes", &[
+        Field { num: 1, name: "namespace", kind: Str, repeated: false, msg: "" },
+        Field { num: 2, name: "verb", kind: Str, repeated: false, msg: "" },
+        Field { num: 3, name: "group", kind: Str, repeated: false, msg: "" },
+        Field { num: 4, name: "version", kind: Str, repeated: false, msg: "" },
+        Field { num: 5, name: "resource", kind: Str, repeated: false, msg: "" },
+        Field { num: 6, name: "subresource", kind: Str, repeated: false, msg: "" },
+        Field { num: 7, name: "name", kind: Str, repeated: false, msg: "" },
+        Field { num: 8, name: "fieldSelector", kind: Msg, repeated: false, msg: "authorization.FieldSelectorAttributes" },
+        Field { num: 9, name: "labelSelector", kind: Msg, repeated: false, msg: "authorization.LabelSelectorAttributes" },
+    ]),
+    ("authorization.ResourceRule", &[
+        Field { num: 1, name: "verbs", kind: Str, repeated: true, msg: "" },
+        Field { num: 2, name: "apiGroups", kind: Str, repeated: true, msg: "" },
+        Field { num: 3, name: "resources", kind: Str, repeated: true, msg: "" },
+        Field { num: 4, name: "resourceNames", kind: Str, repeated: true, msg: "" },
+    ]),
+    ("authorization.SelfSubjectAccessReview", &[
+        Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ObjectMeta" },
+        Field { num: 2, name: "spec", kind: Msg, repeated: false, msg: "authorization.SelfSubjectAccessReviewSpec" },
+        Field { num: 3, name: "status", kind: Msg, repeated: false, msg: "authorization.SubjectAccessReviewStatus" },
+    ]),
+    ("authorization.SelfSubjectAccessReviewSpec", &[
+        Field { num: 1, name: "resourceAttributes", kind: Msg, repeated: false, msg: "authorization.ResourceAttributes" },
+        Field { num: 2, name: "nonResourceAttributes", kind: Msg, repeated: false, msg: "authorization.NonResourceAttributes" },
+    ]),
+    ("authorization.SelfSubjectRulesReview", &[
+        Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ObjectMeta" },
+        Field { num: 2, name: "spec", kind: Msg, repeated: false, msg: "authorization.SelfSubjectRulesReviewSpec" },
+        Field { num: 3, name: "status", kind: Msg, repeated: false, msg: "authorization.SubjectRulesReviewStatus" },
+    ]),
+    ("authorization.SelfSubjectRulesReviewSpec", &[
+        Field { num: 1, name: "namespace", kind: Str, repeated: false, msg: "" },
+    ]),
+    ("authorization.SubjectAccessReview", &[
+        Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ObjectMeta" },
+        Field { num: 2, name: "spec", kind: Msg, repeated: false, msg: "authorization.SubjectAccessReviewSpec" },
+        Field { num: 3, name: "status", kind: Msg, repeated: false, msg: "authorization.SubjectAccessReviewStatus" },
+    ]),
+    ("authorization.SubjectAccessReviewSpec", &[
+        Field { num: 1, name: "resourceAttributes", kind: Msg, repeated: false, msg: "authorization.ResourceAttributes" },
+        Field { num: 2, name: "nonResourceAttributes", kind: Msg, repeated: false, msg: "authorization.NonResourceAttributes" },
+        Field { num: 3, name: "user", kind: Str, repeated: false, msg: "" },
+        Field { num: 4, name: "groups", kind: Str, repeated: true, msg: "" },
+        Field { num: 5, name: "extra", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 6, name: "uid", kind: Str, repeated: false, msg: "" },
+    ]),
+    ("authorization.SubjectAccessReviewStatus", &[
+        Field { num: 1, name: "allowed", kind: Bool, repeated: false, msg: "" },
+        Field { num: 4, name: "denied", kind: Bool, repeated: false, msg: "" },
+        Field { num: 2, name: "reason", kind: Str, repeated: false, msg: "" },
+        Field { num: 3, name: "evaluationError", kind: Str, repeated: false, msg: "" },
+    ]),
+    ("authorization.SubjectRulesReviewStatus", &[
+        Field { num: 1, name: "resourceRules", kind: Msg, repeated: true, msg: "authorization.ResourceRule" },
+        Field { num: 2, name: "nonResourceRules", kind: Msg, repeated: true, msg: "authorization.NonResourceRule" },
+        Field { num: 3, name: "incomplete", kind: Bool, repeated: false, msg: "" },
+        Field { num: 4, name: "evaluationError", kind: Str, repeated: false, msg: "" },
+    ]),
     ("batch.CronJob", &[
         Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ObjectMeta" },
         Field { num: 2, name: "spec", kind: Msg, repeated: false, msg: "batch.CronJobSpec" },
@@ -547,6 +630,7 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 7, name: "imageID", kind: Str, repeated: false, msg: "" },
         Field { num: 8, name: "containerID", kind: Str, repeated: false, msg: "" },
         Field { num: 9, name: "started", kind: Bool, repeated: false, msg: "" },
+        Field { num: 10, name: "allocatedResources", kind: MapStr, repeated: false, msg: "" },
         Field { num: 11, name: "resources", kind: Msg, repeated: false, msg: "core.ResourceRequirements" },
         Field { num: 12, name: "volumeMounts", kind: Msg, repeated: true, msg: "core.VolumeMountStatus" },
         Field { num: 13, name: "user", kind: Msg, repeated: false, msg: "core.ContainerUser" },
@@ -828,6 +912,11 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ]),
     ("core.LimitRangeItem", &[
         Field { num: 1, name: "type", kind: Str, repeated: false, msg: "" },
+        Field { num: 2, name: "max", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 3, name: "min", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 4, name: "default", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 5, name: "defaultRequest", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 6, name: "maxLimitRequestRatio", kind: MapStr, repeated: false, msg: "" },
     ]),
     ("core.LimitRangeList", &[
         Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ListMeta" },
@@ -985,6 +1074,8 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 8, name: "podPreemptionPolicy", kind: Msg, repeated: false, msg: "core.NodePodPreemptionPolicy" },
     ]),
     ("core.NodeStatus", &[
+        Field { num: 1, name: "capacity", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 2, name: "allocatable", kind: MapStr, repeated: false, msg: "" },
         Field { num: 3, name: "phase", kind: Str, repeated: false, msg: "" },
         Field { num: 4, name: "conditions", kind: Msg, repeated: true, msg: "core.NodeCondition" },
         Field { num: 5, name: "addresses", kind: Msg, repeated: true, msg: "core.NodeAddress" },
@@ -1063,7 +1154,9 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
     ("core.PersistentVolumeClaimStatus", &[
         Field { num: 1, name: "phase", kind: Str, repeated: false, msg: "" },
         Field { num: 2, name: "accessModes", kind: Str, repeated: true, msg: "" },
+        Field { num: 3, name: "capacity", kind: MapStr, repeated: false, msg: "" },
         Field { num: 4, name: "conditions", kind: Msg, repeated: true, msg: "core.PersistentVolumeClaimCondition" },
+        Field { num: 5, name: "allocatedResources", kind: MapStr, repeated: false, msg: "" },
         Field { num: 7, name: "allocatedResourceStatuses", kind: MapStr, repeated: false, msg: "" },
         Field { num: 8, name: "currentVolumeAttributesClassName", kind: Str, repeated: false, msg: "" },
         Field { num: 9, name: "modifyVolumeStatus", kind: Msg, repeated: false, msg: "core.ModifyVolumeStatus" },
@@ -1106,6 +1199,7 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 22, name: "csi", kind: Msg, repeated: false, msg: "core.CSIPersistentVolumeSource" },
     ]),
     ("core.PersistentVolumeSpec", &[
+        Field { num: 1, name: "capacity", kind: MapStr, repeated: false, msg: "" },
         Field { num: 2, name: "persistentVolumeSource", kind: Msg, repeated: false, msg: "core.PersistentVolumeSource" },
         Field { num: 3, name: "accessModes", kind: Str, repeated: true, msg: "" },
         Field { num: 4, name: "claimRef", kind: Msg, repeated: false, msg: "core.ObjectReference" },
@@ -1291,6 +1385,7 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 29, name: "runtimeClassName", kind: Str, repeated: false, msg: "" },
         Field { num: 30, name: "enableServiceLinks", kind: Bool, repeated: false, msg: "" },
         Field { num: 31, name: "preemptionPolicy", kind: Str, repeated: false, msg: "" },
+        Field { num: 32, name: "overhead", kind: MapStr, repeated: false, msg: "" },
         Field { num: 33, name: "topologySpreadConstraints", kind: Msg, repeated: true, msg: "core.TopologySpreadConstraint" },
         Field { num: 35, name: "setHostnameAsFQDN", kind: Bool, repeated: false, msg: "" },
         Field { num: 36, name: "os", kind: Msg, repeated: false, msg: "core.PodOS" },
@@ -1321,6 +1416,7 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 14, name: "resize", kind: Str, repeated: false, msg: "" },
         Field { num: 15, name: "resourceClaimStatuses", kind: Msg, repeated: true, msg: "core.PodResourceClaimStatus" },
         Field { num: 18, name: "extendedResourceClaimStatus", kind: Msg, repeated: false, msg: "core.PodExtendedResourceClaimStatus" },
+        Field { num: 19, name: "allocatedResources", kind: MapStr, repeated: false, msg: "" },
         Field { num: 20, name: "resources", kind: Msg, repeated: false, msg: "core.ResourceRequirements" },
         Field { num: 21, name: "nodeAllocatableResourceClaimStatuses", kind: Msg, repeated: true, msg: "core.NodeAllocatableResourceClaimStatus" },
         Field { num: 22, name: "volumeHealth", kind: Msg, repeated: true, msg: "core.PodVolumeHealth" },
@@ -1472,11 +1568,17 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 2, name: "items", kind: Msg, repeated: true, msg: "core.ResourceQuota" },
     ]),
     ("core.ResourceQuotaSpec", &[
+        Field { num: 1, name: "hard", kind: MapStr, repeated: false, msg: "" },
         Field { num: 2, name: "scopes", kind: Str, repeated: true, msg: "" },
         Field { num: 3, name: "scopeSelector", kind: Msg, repeated: false, msg: "core.ScopeSelector" },
     ]),
-    ("core.ResourceQuotaStatus", &[]),
+    ("core.ResourceQuotaStatus", &[
+        Field { num: 1, name: "hard", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 2, name: "used", kind: MapStr, repeated: false, msg: "" },
+    ]),
     ("core.ResourceRequirements", &[
+        Field { num: 1, name: "limits", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 2, name: "requests", kind: MapStr, repeated: false, msg: "" },
         Field { num: 3, name: "claims", kind: Msg, repeated: true, msg: "core.ResourceClaim" },
     ]),
     ("core.ResourceStatus", &[
@@ -1754,7 +1856,10 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 5, name: "clusterTrustBundle", kind: Msg, repeated: false, msg: "core.ClusterTrustBundleProjection" },
         Field { num: 6, name: "podCertificate", kind: Msg, repeated: false, msg: "core.PodCertificateProjection" },
     ]),
-    ("core.VolumeResourceRequirements", &[]),
+    ("core.VolumeResourceRequirements", &[
+        Field { num: 1, name: "limits", kind: MapStr, repeated: false, msg: "" },
+        Field { num: 2, name: "requests", kind: MapStr, repeated: false, msg: "" },
+    ]),
     ("core.VolumeSource", &[
         Field { num: 1, name: "hostPath", kind: Msg, repeated: false, msg: "core.HostPathVolumeSource" },
         Field { num: 2, name: "emptyDir", kind: Msg, repeated: false, msg: "core.EmptyDirVolumeSource" },

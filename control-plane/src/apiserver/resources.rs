@@ -232,6 +232,9 @@ pub static RESOURCES: &[ResourceDef] = &[
         false,
         false,
     ),
+    // Access reviews: asked, answered, never stored (`kubectl auth can-i`).
+    def("authorization.k8s.io", "SelfSubjectAccessReview", "selfsubjectaccessreviews", "selfsubjectaccessreview", false, NONE, NONE, false, false),
+    def("authorization.k8s.io", "SubjectAccessReview", "subjectaccessreviews", "subjectaccessreview", false, NONE, NONE, false, false),
     def(
         "rbac.authorization.k8s.io",
         "ClusterRoleBinding",
@@ -325,6 +328,20 @@ impl ResourceDef {
         }
         out
     }
+    /// Access reviews are computed per request, not stored.
+    pub fn is_review(&self) -> bool {
+        self.group == "authorization.k8s.io"
+    }
+
+    /// The verbs discovery lists.
+    pub fn verbs(&self) -> &'static [&'static str] {
+        if self.is_review() {
+            &["create"]
+        } else {
+            VERBS
+        }
+    }
+
     pub fn is(&self, group: &str, plural: &str) -> bool {
         self.group == group && self.plural == plural
     }
