@@ -270,6 +270,21 @@ async fn authentication_and_authorization_negatives() {
     })
     .await;
     assert!(allowed, "the RoleBinding took effect");
+    // kubectl auth can-i asks the same authorizers (protobuf SelfSubjectAccessReview).
+    let can = |args: &[&str]| s.kubectl_as(&bob_cfg, args, None);
+    let out = can(&["auth", "can-i", "list", "pods", "-n", "default"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "yes",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = can(&["auth", "can-i", "delete", "pods", "-n", "default"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no");
+    assert_eq!(
+        ok(s.kubectl(&["auth", "can-i", "delete", "nodes"])).trim(),
+        "yes"
+    );
     let (code, _, _) = raw(
         &bob,
         "GET",

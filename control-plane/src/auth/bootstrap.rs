@@ -94,6 +94,10 @@ pub fn cluster_roles() -> Vec<Value> {
             json!([{"nonResourceURLs": discovery_urls, "verbs": ["get"]}]),
         ),
         role(
+            "system:basic-user",
+            json!([{"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]}]),
+        ),
+        role(
             "system:public-info-viewer",
             json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
         ),
@@ -138,6 +142,11 @@ pub fn cluster_roles() -> Vec<Value> {
         binding(
             "system:discovery",
             "system:discovery",
+            json!([group("system:authenticated")]),
+        ),
+        binding(
+            "system:basic-user",
+            "system:basic-user",
             json!([group("system:authenticated")]),
         ),
         binding(
