@@ -53,12 +53,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             source,
         })?;
     }
-    let cri = CriClient::connect_lazy(config.container_runtime_endpoint.clone(), config.runtime_request_timeout)
-        .map_err(|source| Error::Endpoint {
-            endpoint: config.container_runtime_endpoint.clone(),
-            source,
-        })?
-        .with_pull_timeout(config.image_pull_timeout);
+    let cri = CriClient::connect_lazy(
+        config.container_runtime_endpoint.clone(),
+        config.runtime_request_timeout,
+    )
+    .map_err(|source| Error::Endpoint {
+        endpoint: config.container_runtime_endpoint.clone(),
+        source,
+    })?
+    .with_pull_timeout(config.image_pull_timeout);
     let runtime = Runtime::new(cri.clone());
     let facts = Arc::new(Facts::gather(&config.root_dir, config.max_pods));
     let host_ip = facts.internal_ip.map(|i| i.to_string()).unwrap_or_default();
@@ -89,7 +92,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     if let Some(addr) = config.status_address {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|source| Error::Listen { address: addr, source })?;
+            .map_err(|source| Error::Listen {
+                address: addr,
+                source,
+            })?;
         drop(listener);
         let state = ServerState {
             shared: shared.clone(),
@@ -107,7 +113,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let (relist_tx, relist_rx) = mpsc::channel(4);
     let (wake_tx, wake_rx) = mpsc::unbounded_channel();
     let pleg_runtime = Arc::new(Runtime::new(cri));
-    let pleg = Pleg::new(pleg_runtime, config.pleg_relist_period, health.clone(), relist_tx, wake_tx);
+    let pleg = Pleg::new(
+        pleg_runtime,
+        config.pleg_relist_period,
+        health.clone(),
+        relist_tx,
+        wake_tx,
+    );
     let pleg_task = tokio::spawn(pleg.run());
 
     let (src_tx, src_rx) = mpsc::channel(16);
@@ -118,7 +130,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     drop(src_tx);
 
-    Manager::new(shared, &sources).run(src_rx, relist_rx, wake_rx, shutdown).await;
+    Manager::new(shared, &sources)
+        .run(src_rx, relist_rx, wake_rx, shutdown)
+        .await;
     let _ = stop_tx.send(true);
     pleg_task.abort();
     tracing::info!("skiff-agent stopped; containers keep running");

@@ -88,7 +88,9 @@ mod tests {
     fn doubles_to_max_and_resets_after_quiet() {
         let mut b = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
         let t0 = Instant::now();
-        let delays: Vec<u64> = (0..7).map(|i| b.next("k", t0 + Duration::from_secs(i)).as_secs()).collect();
+        let delays: Vec<u64> = (0..7)
+            .map(|i| b.next("k", t0 + Duration::from_secs(i)).as_secs())
+            .collect();
         assert_eq!(delays, vec![10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(b.next("k", t0 + Duration::from_secs(1000)).as_secs(), 10);
     }
@@ -99,7 +101,10 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(b.remaining("k", t0, t0), None);
         b.next("k", t0);
-        assert_eq!(b.remaining("k", t0, t0 + Duration::from_secs(4)), Some(Duration::from_secs(6)));
+        assert_eq!(
+            b.remaining("k", t0, t0 + Duration::from_secs(4)),
+            Some(Duration::from_secs(6))
+        );
         assert_eq!(b.remaining("k", t0, t0 + Duration::from_secs(10)), None);
         b.forget_prefix("k");
         assert_eq!(b.delay("k"), None);

@@ -21,7 +21,9 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The file is not valid YAML for the agent's configuration.
-    #[error("config file {path} is invalid: {source} (see `skiff-agent --help` for the field names)")]
+    #[error(
+        "config file {path} is invalid: {source} (see `skiff-agent --help` for the field names)"
+    )]
     Parse {
         path: PathBuf,
         #[source]
@@ -133,9 +135,15 @@ impl FileConfig {
         set!(pod_log_dir, self.pod_log_dir);
         c.static_pod_path = self.static_pod_path.or(c.static_pod_path.take());
         set!(pleg_relist_period, self.pleg_relist_period.map(|d| d.0));
-        set!(runtime_request_timeout, self.runtime_request_timeout.map(|d| d.0));
+        set!(
+            runtime_request_timeout,
+            self.runtime_request_timeout.map(|d| d.0)
+        );
         set!(image_pull_timeout, self.image_pull_timeout.map(|d| d.0));
-        set!(backoff_initial, self.crash_loop_back_off_initial.map(|d| d.0));
+        set!(
+            backoff_initial,
+            self.crash_loop_back_off_initial.map(|d| d.0)
+        );
         set!(backoff_max, self.crash_loop_back_off_max.map(|d| d.0));
         set!(backoff_reset, self.crash_loop_back_off_reset.map(|d| d.0));
         set!(cluster_dns, self.cluster_dns);
@@ -173,7 +181,9 @@ impl<'de> Deserialize<'de> for DurationStr {
         }
         match Raw::deserialize(d)? {
             Raw::Secs(s) => Ok(DurationStr(Duration::from_secs(s))),
-            Raw::Text(t) => parse_duration(&t).map(DurationStr).map_err(serde::de::Error::custom),
+            Raw::Text(t) => parse_duration(&t)
+                .map(DurationStr)
+                .map_err(serde::de::Error::custom),
         }
     }
 }
@@ -243,9 +253,10 @@ mod tests {
 
     #[test]
     fn file_overlays_defaults_and_rejects_unknown_fields() {
-        let f: FileConfig =
-            serde_yaml::from_str("staticPodPath: /etc/pods\ncrashLoopBackOffInitial: 1s\nstatusAddress: none\n")
-                .unwrap();
+        let f: FileConfig = serde_yaml::from_str(
+            "staticPodPath: /etc/pods\ncrashLoopBackOffInitial: 1s\nstatusAddress: none\n",
+        )
+        .unwrap();
         let mut c = Config::default();
         f.apply(&mut c).unwrap();
         assert_eq!(c.static_pod_path.as_deref(), Some(Path::new("/etc/pods")));

@@ -50,7 +50,9 @@ impl Manager {
     }
 
     fn sources_ready(&self) -> bool {
-        self.expected_sources.iter().all(|s| self.desired.contains_key(s))
+        self.expected_sources
+            .iter()
+            .all(|s| self.desired.contains_key(s))
     }
 
     fn desired_pod(&self, uid: &str) -> Option<&Pod> {
@@ -93,7 +95,10 @@ impl Manager {
             joins.push(h.join);
         }
         let all = futures::future::join_all(joins.iter_mut());
-        if tokio::time::timeout(Duration::from_secs(5), all).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .is_err()
+        {
             for j in &joins {
                 j.abort();
             }
@@ -106,7 +111,10 @@ impl Manager {
             .into_iter()
             .map(|p| (p.uid().to_string(), p))
             .collect();
-        let old = self.desired.insert(update.source, new.clone()).unwrap_or_default();
+        let old = self
+            .desired
+            .insert(update.source, new.clone())
+            .unwrap_or_default();
         for (uid, pod) in &new {
             match old.get(uid) {
                 Some(prev) if prev == pod => {}

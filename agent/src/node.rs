@@ -39,21 +39,29 @@ impl Facts {
     /// Read the facts; `root_dir` is the filesystem whose size is the
     /// node's ephemeral storage.
     pub fn gather(root_dir: &Path, max_pods: u32) -> Facts {
-        let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(1);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u64)
+            .unwrap_or(1);
         let memory_bytes = procfs::Current::current()
             .map(|m: procfs::Meminfo| m.mem_total)
             .unwrap_or(0);
         let ephemeral_bytes = nix::sys::statvfs::statvfs(root_dir)
             .or_else(|_| nix::sys::statvfs::statvfs("/"))
-            .map(|s| s.blocks() as u64 * s.fragment_size() as u64)
+            .map(|s| s.blocks() * s.fragment_size())
             .unwrap_or(0);
         let uname = nix::sys::utsname::uname().ok();
-        let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
         let os_image = std::fs::read_to_string("/etc/os-release")
             .ok()
             .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+                t.lines().find_map(|l| {
+                    l.strip_prefix("PRETTY_NAME=")
+                        .map(|v| v.trim_matches('"').to_string())
+                })
             })
             .unwrap_or_else(|| "Linux".into());
         let architecture = match std::env::consts::ARCH {
@@ -84,9 +92,15 @@ impl Facts {
     pub fn capacity(&self) -> BTreeMap<String, Quantity> {
         BTreeMap::from([
             ("cpu".into(), Quantity(self.cpus.to_string())),
-            ("memory".into(), Quantity(format!("{}Ki", self.memory_bytes / 1024))),
+            (
+                "memory".into(),
+                Quantity(format!("{}Ki", self.memory_bytes / 1024)),
+            ),
             ("pods".into(), Quantity(self.max_pods.to_string())),
-            ("ephemeral-storage".into(), Quantity(format!("{}Ki", self.ephemeral_bytes / 1024))),
+            (
+                "ephemeral-storage".into(),
+                Quantity(format!("{}Ki", self.ephemeral_bytes / 1024)),
+            ),
         ])
     }
 
@@ -103,7 +117,12 @@ impl Facts {
     }
 
     /// The Node object as this agent sees itself.
-    pub fn node(&self, name: &str, runtime_version: &str, runtime_ready: Result<(), String>) -> Node {
+    pub fn node(
+        &self,
+        name: &str,
+        runtime_version: &str,
+        runtime_ready: Result<(), String>,
+    ) -> Node {
         let now = Time(jiff::Timestamp::now());
         let mut addresses = Vec::new();
         if let Some(ip) = self.internal_ip {
@@ -117,7 +136,11 @@ impl Facts {
             address: self.hostname.clone(),
         });
         let (ready, reason, message) = match runtime_ready {
-            Ok(()) => ("True", "KubeletReady", "kubelet is posting ready status".to_string()),
+            Ok(()) => (
+                "True",
+                "KubeletReady",
+                "kubelet is posting ready status".to_string(),
+            ),
             Err(e) => ("False", "KubeletNotReady", e),
         };
         let pressure = |t: &str, reason: &str, msg: &str| NodeCondition {
@@ -144,9 +167,21 @@ impl Facts {
                 allocatable: Some(self.allocatable()),
                 addresses: Some(addresses),
                 conditions: Some(vec![
-                    pressure("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-                    pressure("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                    pressure("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                    pressure(
+                        "MemoryPressure",
+                        "KubeletHasSufficientMemory",
+                        "kubelet has sufficient memory available",
+                    ),
+                    pressure(
+                        "DiskPressure",
+                        "KubeletHasNoDiskPressure",
+                        "kubelet has no disk pressure",
+                    ),
+                    pressure(
+                        "PIDPressure",
+                        "KubeletHasSufficientPID",
+                        "kubelet has sufficient PID available",
+                    ),
                     NodeCondition {
                         type_: "Ready".into(),
                         status: ready.into(),
@@ -200,7 +235,10 @@ mod tests {
         let node = f.node("n1", "containerd://1.6.20", Ok(()));
         let st = node.status.unwrap();
         assert_eq!(st.capacity.unwrap()["pods"].0, "110");
-        assert_eq!(st.node_info.unwrap().container_runtime_version, "containerd://1.6.20");
+        assert_eq!(
+            st.node_info.unwrap().container_runtime_version,
+            "containerd://1.6.20"
+        );
         let alloc = st.allocatable.unwrap();
         assert!(alloc.contains_key("ephemeral-storage"));
     }

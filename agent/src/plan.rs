@@ -73,8 +73,13 @@ pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_
         if s.ready {
             plan.stop_sandboxes.push(s.id.clone());
         }
-        for c in rt.containers.iter().filter(|c| c.sandbox_id == s.id && c.state != State::Exited) {
-            plan.kill.push((c.id.clone(), grace, "sandbox replaced".into()));
+        for c in rt
+            .containers
+            .iter()
+            .filter(|c| c.sandbox_id == s.id && c.state != State::Exited)
+        {
+            plan.kill
+                .push((c.id.clone(), grace, "sandbox replaced".into()));
         }
     }
 
@@ -88,7 +93,11 @@ pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_
             plan.terminal = true;
         } else {
             if let Some(s) = current {
-                for c in rt.containers.iter().filter(|c| c.sandbox_id == s.id && c.state != State::Exited) {
+                for c in rt
+                    .containers
+                    .iter()
+                    .filter(|c| c.sandbox_id == s.id && c.state != State::Exited)
+                {
                     plan.kill.push((c.id.clone(), grace, "sandbox died".into()));
                 }
             }
@@ -110,9 +119,14 @@ pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_
 
     // Containers the spec no longer has: kill.
     for c in rt.running().filter(|c| c.sandbox_id == sandbox.id) {
-        let known = pod.containers().iter().chain(pod.init_containers()).any(|s| s.name == c.name);
+        let known = pod
+            .containers()
+            .iter()
+            .chain(pod.init_containers())
+            .any(|s| s.name == c.name);
         if !known {
-            plan.kill.push((c.id.clone(), grace, "not in the pod spec".into()));
+            plan.kill
+                .push((c.id.clone(), grace, "not in the pod spec".into()));
         }
     }
 
@@ -138,7 +152,8 @@ pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_
                 if c.state == State::Created {
                     plan.start.push(start_of(spec, true, rt, Some(c)));
                 } else if c.state == State::Unknown {
-                    plan.kill.push((c.id.clone(), grace, "unknown state".into()));
+                    plan.kill
+                        .push((c.id.clone(), grace, "unknown state".into()));
                     plan.start.push(start_of(spec, true, rt, None));
                 }
                 // Running: wait for it to finish.
@@ -157,13 +172,15 @@ pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_
         match c.state {
             State::Running => {
                 if !c.hash.is_empty() && c.hash != container_hash(spec) {
-                    plan.kill.push((c.id.clone(), grace, "container spec changed".into()));
+                    plan.kill
+                        .push((c.id.clone(), grace, "container spec changed".into()));
                     plan.start.push(start_of(spec, false, rt, None));
                 }
             }
             State::Created => plan.start.push(start_of(spec, false, rt, Some(c))),
             State::Unknown => {
-                plan.kill.push((c.id.clone(), grace, "unknown state".into()));
+                plan.kill
+                    .push((c.id.clone(), grace, "unknown state".into()));
                 plan.start.push(start_of(spec, false, rt, None));
             }
             State::Exited => {
@@ -225,10 +242,18 @@ fn restart_or_wait(
     }
 }
 
-fn start_of(spec: &Container, init: bool, rt: &PodRuntime, existing: Option<&ContainerInfo>) -> Start {
+fn start_of(
+    spec: &Container,
+    init: bool,
+    rt: &PodRuntime,
+    existing: Option<&ContainerInfo>,
+) -> Start {
     let restart_count = match existing {
         Some(c) => c.restart_count,
-        None => rt.latest(&spec.name).map(|c| c.restart_count + 1).unwrap_or(0),
+        None => rt
+            .latest(&spec.name)
+            .map(|c| c.restart_count + 1)
+            .unwrap_or(0),
     };
     Start {
         name: spec.name.clone(),
@@ -243,10 +268,10 @@ fn start_of(spec: &Container, init: bool, rt: &PodRuntime, existing: Option<&Con
 /// or an init container failed under Never.
 fn pod_finished(pod: &Pod, rt: &PodRuntime, policy: RestartPolicy) -> bool {
     if policy == RestartPolicy::Never {
-        let init_failed = pod
-            .init_containers()
-            .iter()
-            .any(|s| rt.latest(&s.name).is_some_and(|c| c.state == State::Exited && c.exit_code != 0));
+        let init_failed = pod.init_containers().iter().any(|s| {
+            rt.latest(&s.name)
+                .is_some_and(|c| c.state == State::Exited && c.exit_code != 0)
+        });
         if init_failed {
             return true;
         }

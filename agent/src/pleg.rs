@@ -40,7 +40,11 @@ impl Health {
     pub fn ready(&self) -> Result<(), String> {
         let last = *self.last_relist.lock().unwrap_or_else(|e| e.into_inner());
         if !self.ready.load(Ordering::Relaxed) {
-            let err = self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let err = self
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
             return Err(format!(
                 "container runtime is down: {}",
                 err.unwrap_or_else(|| "not yet contacted".into())
@@ -53,7 +57,10 @@ impl Health {
     }
     /// `containerd://1.6.20`, once known.
     pub fn version(&self) -> String {
-        self.version.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.version
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -106,7 +113,11 @@ impl Pleg {
                     if self.health.ready.swap(false, Ordering::Relaxed) || previous.is_none() {
                         tracing::warn!("container runtime not ready, retrying: {e}");
                     }
-                    *self.health.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                    *self
+                        .health
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
                     // Everything must be re-examined when it comes back.
                     previous = None;
                 }
@@ -118,7 +129,11 @@ impl Pleg {
     async fn relist(&self, previous: &mut Option<Snapshot>) -> Result<Relist, cri_proto::Error> {
         if self.health.version().is_empty() || !self.health.ready.load(Ordering::Relaxed) {
             let v = self.runtime.version().await?;
-            *self.health.version.lock().unwrap_or_else(|e| e.into_inner()) = v;
+            *self
+                .health
+                .version
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = v;
         }
         let (sandboxes, containers) = self.runtime.list_managed().await?;
         self.runtime.prune_caches(&containers, &sandboxes);
@@ -155,7 +170,11 @@ impl Pleg {
         if !self.health.ready.swap(true, Ordering::Relaxed) {
             tracing::info!(runtime = %self.health.version(), "container runtime ready");
         }
-        *self.health.last_relist.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *self
+            .health
+            .last_relist
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         *previous = Some(now);
         Ok(out)
     }
@@ -164,7 +183,11 @@ impl Pleg {
 /// Follow CRI container events while the runtime offers them.
 async fn stream_events(runtime: Arc<Runtime>, wake: mpsc::UnboundedSender<String>) {
     loop {
-        match runtime.cri.get_container_events(v1::GetEventsRequest::default()).await {
+        match runtime
+            .cri
+            .get_container_events(v1::GetEventsRequest::default())
+            .await
+        {
             Ok(mut stream) => {
                 tracing::info!("following CRI container events");
                 while let Ok(Some(ev)) = stream.message().await {

@@ -59,12 +59,19 @@ impl PodExt for Pod {
     fn grace_period_seconds(&self) -> i64 {
         self.metadata
             .deletion_grace_period_seconds
-            .or_else(|| self.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .or_else(|| {
+                self.spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
             .unwrap_or(30)
             .max(0)
     }
     fn containers(&self) -> &[Container] {
-        self.spec.as_ref().map(|s| &s.containers[..]).unwrap_or_default()
+        self.spec
+            .as_ref()
+            .map(|s| &s.containers[..])
+            .unwrap_or_default()
     }
     fn init_containers(&self) -> &[Container] {
         self.spec

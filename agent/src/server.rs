@@ -38,10 +38,16 @@ pub fn router(state: ServerState) -> Router {
 ///
 /// # Errors
 /// The address cannot be bound (in use, or not local).
-pub async fn serve(addr: SocketAddr, state: ServerState, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve(
+    addr: SocketAddr,
+    state: ServerState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(address = %listener.local_addr()?, "status endpoint listening");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 async fn healthz(State(s): State<ServerState>) -> Response {
@@ -59,6 +65,10 @@ async fn pods(State(s): State<ServerState>) -> Json<List<Pod>> {
 }
 
 async fn node(State(s): State<ServerState>) -> Response {
-    let node = s.facts.node(&s.shared.config.node_name, &s.health.version(), s.health.ready());
+    let node = s.facts.node(
+        &s.shared.config.node_name,
+        &s.health.version(),
+        s.health.ready(),
+    );
     Json(node).into_response()
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -42,7 +42,7 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
         .iter()
         .map(|c| container_status(c, true, false, i))
         .collect();
-    let initialized = init_statuses.iter().all(|s| terminated_ok(s));
+    let initialized = init_statuses.iter().all(terminated_ok);
     let statuses: Vec<ContainerStatus> = pod
         .containers()
         .iter()
@@ -51,7 +51,10 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
     let phase = phase(pod, &init_statuses, &statuses);
 
     let sandbox = i.rt.current_sandbox();
-    let mut ips: Vec<String> = sandbox.filter(|s| s.ready).map(|s| s.ips.clone()).unwrap_or_default();
+    let mut ips: Vec<String> = sandbox
+        .filter(|s| s.ready)
+        .map(|s| s.ips.clone())
+        .unwrap_or_default();
     if ips.is_empty() {
         // A finished pod keeps the IP it had (the kubelet does the same).
         ips = i
@@ -62,12 +65,20 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
             .map(|p| p.ip)
             .collect();
     }
-    let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
     if host_network && !i.host_ip.is_empty() {
         ips = vec![i.host_ip.to_string()];
     }
 
-    let not_ready: Vec<&str> = statuses.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+    let not_ready: Vec<&str> = statuses
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
     let incomplete: Vec<&str> = init_statuses
         .iter()
         .filter(|s| !terminated_ok(s))
@@ -93,24 +104,50 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
             ..Default::default()
         }
     };
-    let ready_reason = if done { "PodCompleted" } else { "ContainersNotReady" };
+    let ready_reason = if done {
+        "PodCompleted"
+    } else {
+        "ContainersNotReady"
+    };
     let ready_msg = if done {
         String::new()
     } else {
         format!("containers with unready status: [{}]", not_ready.join(" "))
     };
     let sandbox_ready = sandbox.is_some_and(|s| s.ready);
-    let init_reason = if done { "PodCompleted" } else { "ContainersNotInitialized" };
+    let init_reason = if done {
+        "PodCompleted"
+    } else {
+        "ContainersNotInitialized"
+    };
     let conditions = vec![
-        cond("PodReadyToStartContainers", sandbox_ready, "", String::new()),
+        cond(
+            "PodReadyToStartContainers",
+            sandbox_ready,
+            "",
+            String::new(),
+        ),
         cond(
             "Initialized",
             initialized,
             init_reason,
-            format!("containers with incomplete status: [{}]", incomplete.join(" ")),
+            format!(
+                "containers with incomplete status: [{}]",
+                incomplete.join(" ")
+            ),
         ),
-        cond("Ready", not_ready.is_empty(), ready_reason, ready_msg.clone()),
-        cond("ContainersReady", not_ready.is_empty(), ready_reason, ready_msg),
+        cond(
+            "Ready",
+            not_ready.is_empty(),
+            ready_reason,
+            ready_msg.clone(),
+        ),
+        cond(
+            "ContainersReady",
+            not_ready.is_empty(),
+            ready_reason,
+            ready_msg,
+        ),
         cond("PodScheduled", true, "", String::new()),
     ];
 
@@ -118,7 +155,11 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
         phase: Some(phase.into()),
         conditions: Some(conditions),
         host_ip: (!i.host_ip.is_empty()).then(|| i.host_ip.to_string()),
-        host_ips: (!i.host_ip.is_empty()).then(|| vec![HostIP { ip: i.host_ip.to_string() }]),
+        host_ips: (!i.host_ip.is_empty()).then(|| {
+            vec![HostIP {
+                ip: i.host_ip.to_string(),
+            }]
+        }),
         pod_ip: ips.first().cloned(),
         pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
         start_time: Some(Time(i.start_time)),
@@ -136,7 +177,12 @@ fn terminated_ok(s: &ContainerStatus) -> bool {
         .is_some_and(|t| t.exit_code == 0)
 }
 
-fn container_status(spec: &Container, init: bool, initializing: bool, i: &Inputs) -> ContainerStatus {
+fn container_status(
+    spec: &Container,
+    init: bool,
+    initializing: bool,
+    i: &Inputs,
+) -> ContainerStatus {
     let latest = i.rt.latest(&spec.name);
     let id_of = |c: &ContainerInfo| format!("{}://{}", i.runtime_name, c.id);
     let mut st = ContainerStatus {
@@ -157,7 +203,10 @@ fn container_status(spec: &Container, init: bool, initializing: bool, i: &Inputs
         ..Default::default()
     };
     let recorded = i.waiting.get(&spec.name);
-    let last_terminated = |except: &str| i.rt.previous_terminated(&spec.name, except).map(|c| terminated(c, i));
+    let last_terminated = |except: &str| {
+        i.rt.previous_terminated(&spec.name, except)
+            .map(|c| terminated(c, i))
+    };
     match (recorded, latest) {
         (Some(w), Some(c)) if c.state == State::Exited => {
             st.state = Some(waiting(&w.reason, &w.message));
@@ -190,7 +239,11 @@ fn container_status(spec: &Container, init: bool, initializing: bool, i: &Inputs
             }
         },
         (None, None) => {
-            let reason = if initializing { "PodInitializing" } else { "ContainerCreating" };
+            let reason = if initializing {
+                "PodInitializing"
+            } else {
+                "ContainerCreating"
+            };
             st.state = Some(waiting(reason, ""));
         }
     }
@@ -232,7 +285,8 @@ fn termination_message(c: &ContainerInfo) -> String {
         .and_then(|p| std::fs::read(p).ok())
         .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
         .unwrap_or_default();
-    if msg.is_empty() && c.exit_code != 0 && c.termination_message_policy == "FallbackToLogsOnError" {
+    if msg.is_empty() && c.exit_code != 0 && c.termination_message_policy == "FallbackToLogsOnError"
+    {
         if let Ok(text) = std::fs::read_to_string(&c.log_path) {
             let lines: Vec<&str> = text.lines().collect();
             let tail: Vec<String> = lines[lines.len().saturating_sub(80)..]
@@ -316,10 +370,15 @@ fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'stat
 /// Guaranteed when every container's cpu and memory limits equal their
 /// requests; BestEffort when none has any; Burstable otherwise.
 pub fn qos_class(pod: &Pod) -> &'static str {
-    let all: Vec<&Container> = pod.containers().iter().chain(pod.init_containers()).collect();
+    let all: Vec<&Container> = pod
+        .containers()
+        .iter()
+        .chain(pod.init_containers())
+        .collect();
     let has_any = all.iter().any(|c| {
         c.resources.as_ref().is_some_and(|r| {
-            r.limits.as_ref().is_some_and(|m| !m.is_empty()) || r.requests.as_ref().is_some_and(|m| !m.is_empty())
+            r.limits.as_ref().is_some_and(|m| !m.is_empty())
+                || r.requests.as_ref().is_some_and(|m| !m.is_empty())
         })
     });
     if !has_any {
@@ -327,8 +386,10 @@ pub fn qos_class(pod: &Pod) -> &'static str {
     }
     let guaranteed = all.iter().all(|c| {
         ["cpu", "memory"].iter().all(|r| {
-            let lim = resources::get(c, resources::Which::Limit, r).and_then(|q| resources::parse_quantity(&q));
-            let req = resources::get(c, resources::Which::Request, r).and_then(|q| resources::parse_quantity(&q));
+            let lim = resources::get(c, resources::Which::Limit, r)
+                .and_then(|q| resources::parse_quantity(&q));
+            let req = resources::get(c, resources::Which::Request, r)
+                .and_then(|q| resources::parse_quantity(&q));
             lim.is_some() && lim == req
         })
     });
@@ -359,7 +420,11 @@ pub fn fmt_duration(d: Duration) -> String {
 
 /// The STATUS column of `kubectl get pods` (kubectl's printer logic).
 pub fn display_status(pod: &Pod, status: &PodStatus) -> String {
-    let mut reason = status.reason.clone().or_else(|| status.phase.clone()).unwrap_or_default();
+    let mut reason = status
+        .reason
+        .clone()
+        .or_else(|| status.phase.clone())
+        .unwrap_or_default();
     let inits = status.init_container_statuses.clone().unwrap_or_default();
     let mut initializing = false;
     for (n, s) in inits.iter().enumerate() {
@@ -372,7 +437,11 @@ pub fn display_status(pod: &Pod, status: &PodStatus) -> String {
                 Some(r) if !r.is_empty() => format!("Init:{r}"),
                 _ => format!("Init:ExitCode:{}", t.exit_code),
             };
-        } else if let Some(w) = st.waiting.as_ref().filter(|w| w.reason.as_deref().is_some_and(|r| r != "PodInitializing")) {
+        } else if let Some(w) = st
+            .waiting
+            .as_ref()
+            .filter(|w| w.reason.as_deref().is_some_and(|r| r != "PodInitializing"))
+        {
             reason = format!("Init:{}", w.reason.clone().unwrap_or_default());
         } else {
             reason = format!("Init:{}/{}", n, pod.init_containers().len());
@@ -387,7 +456,9 @@ pub fn display_status(pod: &Pod, status: &PodStatus) -> String {
             if let Some(r) = st.waiting.and_then(|w| w.reason) {
                 reason = r;
             } else if let Some(t) = st.terminated {
-                reason = t.reason.unwrap_or_else(|| format!("ExitCode:{}", t.exit_code));
+                reason = t
+                    .reason
+                    .unwrap_or_else(|| format!("ExitCode:{}", t.exit_code));
             } else if st.running.is_some() && s.ready {
                 has_running = true;
             }

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use jiff::Timestamp;
 use cri_proto::v1;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 use tokio::sync::mpsc;
 
@@ -53,10 +53,17 @@ impl StatusStore {
         m.insert(pod.uid().to_string(), (pod.clone(), status));
     }
     pub fn remove(&self, uid: &str) {
-        self.inner.write().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        self.inner
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
     }
     pub fn get(&self, uid: &str) -> Option<(Pod, PodStatus)> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).get(uid).cloned()
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .cloned()
     }
     /// Every pod with its status, sorted by namespace and name.
     pub fn list(&self) -> Vec<Pod> {
@@ -98,7 +105,13 @@ struct PodState {
 
 /// Run one pod's worker until it has torn the pod down or its channel
 /// closes. `pod` is None for an orphan found in the runtime.
-pub async fn run(shared: Arc<Shared>, uid: String, mut pod: Option<Pod>, mut rx: mpsc::UnboundedReceiver<Msg>, done: DoneTx) {
+pub async fn run(
+    shared: Arc<Shared>,
+    uid: String,
+    mut pod: Option<Pod>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    done: DoneTx,
+) {
     let mut st = PodState {
         waiting: HashMap::new(),
         start_time: None,
@@ -162,7 +175,10 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
     }
     let now_ns = Timestamp::now().as_nanosecond() as i64;
     let plan = {
-        let b = shared.crash_backoff.lock().unwrap_or_else(|e| e.into_inner());
+        let b = shared
+            .crash_backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         plan::compute(pod, &rt, &b, Instant::now(), now_ns)
     };
     st.waiting = plan
@@ -178,9 +194,17 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
         .collect();
     for w in &plan.waiting {
         let spec = find_container(pod, &w.name);
-        let known = st.previous.as_ref().is_some_and(|p| waiting_reason(p, &w.name) == Some(w.reason.as_str()));
+        let known = st
+            .previous
+            .as_ref()
+            .is_some_and(|p| waiting_reason(p, &w.name) == Some(w.reason.as_str()));
         if spec.is_some() && !known {
-            shared.recorder.event(pod, WARNING, "BackOff", "Back-off restarting failed container");
+            shared.recorder.event(
+                pod,
+                WARNING,
+                "BackOff",
+                "Back-off restarting failed container",
+            );
         }
     }
     let mut requeue = plan.requeue_after;
@@ -239,17 +263,36 @@ fn report(shared: &Shared, pod: &Pod, rt: &PodRuntime, st: &mut PodState) {
 }
 
 fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    pod.containers().iter().chain(pod.init_containers()).find(|c| c.name == name)
+    pod.containers()
+        .iter()
+        .chain(pod.init_containers())
+        .find(|c| c.name == name)
 }
 
 /// Carry out a plan. Returns a requeue delay when an image back-off is
 /// pending. Errors from starting a container are recorded as its waiting
 /// reason, not returned: the other containers still start.
-async fn act(shared: &Shared, pod: &Pod, rt: &PodRuntime, plan: &Plan, st: &mut PodState) -> SyncResult {
+async fn act(
+    shared: &Shared,
+    pod: &Pod,
+    rt: &PodRuntime,
+    plan: &Plan,
+    st: &mut PodState,
+) -> SyncResult {
     let runtime = &shared.runtime;
     let kills = plan.kill.iter().map(|(id, grace, why)| {
-        let name = rt.containers.iter().find(|c| &c.id == id).map(|c| c.name.clone()).unwrap_or_default();
-        shared.recorder.event(pod, NORMAL, "Killing", &format!("Stopping container {name}: {why}"));
+        let name = rt
+            .containers
+            .iter()
+            .find(|c| &c.id == id)
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
+        shared.recorder.event(
+            pod,
+            NORMAL,
+            "Killing",
+            &format!("Stopping container {name}: {why}"),
+        );
         runtime.stop_container(id, *grace)
     });
     for r in futures::future::join_all(kills).await {
@@ -261,20 +304,29 @@ async fn act(shared: &Shared, pod: &Pod, rt: &PodRuntime, plan: &Plan, st: &mut 
     for id in &plan.remove_sandboxes {
         runtime.remove_sandbox(id).await?;
     }
-    let mut sandbox = rt.current_sandbox().filter(|s| s.ready).map(|s| (s.id.clone(), s.ips.first().cloned()));
+    let mut sandbox = rt
+        .current_sandbox()
+        .filter(|s| s.ready)
+        .map(|s| (s.id.clone(), s.ips.first().cloned()));
     if let Some(attempt) = plan.create_sandbox {
         match create_sandbox(shared, pod, attempt).await {
             Ok(s) => sandbox = Some(s),
             Err(e) => {
                 let msg = format!("Failed to create pod sandbox: {e}");
-                shared.recorder.event(pod, WARNING, "FailedCreatePodSandBox", &msg);
+                shared
+                    .recorder
+                    .event(pod, WARNING, "FailedCreatePodSandBox", &msg);
                 return Err(e);
             }
         }
     }
     let mut requeue = None;
     if let Some((sandbox_id, ip)) = &sandbox {
-        let sandbox_cfg = sandbox_config(pod, plan.create_sandbox.unwrap_or(0), &sandbox_ctx(&shared.config));
+        let sandbox_cfg = sandbox_config(
+            pod,
+            plan.create_sandbox.unwrap_or(0),
+            &sandbox_ctx(&shared.config),
+        );
         for start in &plan.start {
             let ctx = StartCtx {
                 sandbox_id,
@@ -304,12 +356,20 @@ async fn act(shared: &Shared, pod: &Pod, rt: &PodRuntime, plan: &Plan, st: &mut 
     Ok(requeue)
 }
 
-async fn create_sandbox(shared: &Shared, pod: &Pod, attempt: u32) -> Result<(String, Option<String>), cri_proto::Error> {
+async fn create_sandbox(
+    shared: &Shared,
+    pod: &Pod,
+    attempt: u32,
+) -> Result<(String, Option<String>), cri_proto::Error> {
     let cfg = sandbox_config(pod, attempt, &sandbox_ctx(&shared.config));
     if let Err(e) = std::fs::create_dir_all(&cfg.log_directory) {
         tracing::warn!(pod = %pod.key(), "cannot create log directory {}: {e}", cfg.log_directory);
     }
-    let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
+    let handler = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.runtime_class_name.clone())
+        .unwrap_or_default();
     let id = shared
         .runtime
         .cri
@@ -366,14 +426,27 @@ fn wait(reason: &str, message: String) -> StartError {
     )
 }
 
-async fn start_container(shared: &Shared, pod: &Pod, start: &Start, ctx: &StartCtx<'_>) -> Result<(), StartError> {
+async fn start_container(
+    shared: &Shared,
+    pod: &Pod,
+    start: &Start,
+    ctx: &StartCtx<'_>,
+) -> Result<(), StartError> {
     let cri = &shared.runtime.cri;
-    let Some(spec) = find_container(pod, &start.name) else { return Ok(()) };
+    let Some(spec) = find_container(pod, &start.name) else {
+        return Ok(());
+    };
     let id = match &start.existing {
         Some(id) => id.clone(),
         None => {
             ensure_image(shared, pod, spec, ctx.sandbox_cfg).await?;
-            let container_dir = shared.config.root_dir.join("pods").join(pod.uid()).join("containers").join(&spec.name);
+            let container_dir = shared
+                .config
+                .root_dir
+                .join("pods")
+                .join(pod.uid())
+                .join("containers")
+                .join(&spec.name);
             let cctx = ContainerContext {
                 node_name: &shared.config.node_name,
                 pod_ip: ctx.pod_ip,
@@ -384,7 +457,9 @@ async fn start_container(shared: &Shared, pod: &Pod, start: &Start, ctx: &StartC
                 Ok(c) => c,
                 Err(e) => {
                     let msg = e.to_string();
-                    shared.recorder.event(pod, WARNING, "Failed", &format!("Error: {msg}"));
+                    shared
+                        .recorder
+                        .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
                     return Err(wait("CreateContainerConfigError", msg));
                 }
             };
@@ -400,32 +475,54 @@ async fn start_container(shared: &Shared, pod: &Pod, start: &Start, ctx: &StartC
                 Err(e) if e.is_unavailable() => return Err(StartError::Runtime(e)),
                 Err(e) => {
                     let msg = status_message(&e);
-                    shared.recorder.event(pod, WARNING, "Failed", &format!("Error: {msg}"));
+                    shared
+                        .recorder
+                        .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
                     return Err(wait("CreateContainerError", msg));
                 }
             }
         }
     };
-    shared.recorder.event(pod, NORMAL, "Created", &format!("Created container {}", spec.name));
+    shared.recorder.event(
+        pod,
+        NORMAL,
+        "Created",
+        &format!("Created container {}", spec.name),
+    );
     if let Some(ran) = start.previous_run {
         // A restart after a crash: the back-off grows, unless the container
         // had run long enough to count as healthy.
         let key = plan::backoff_key(pod.uid(), &spec.name);
-        let mut b = shared.crash_backoff.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = shared
+            .crash_backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if ran >= shared.config.backoff_reset {
             b.reset(&key);
         }
         b.next(&key, Instant::now());
     }
-    match cri.start_container(v1::StartContainerRequest { container_id: id.clone() }).await {
+    match cri
+        .start_container(v1::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+    {
         Ok(_) => {
-            shared.recorder.event(pod, NORMAL, "Started", &format!("Started container {}", spec.name));
+            shared.recorder.event(
+                pod,
+                NORMAL,
+                "Started",
+                &format!("Started container {}", spec.name),
+            );
             Ok(())
         }
         Err(e) if e.is_unavailable() => Err(StartError::Runtime(e)),
         Err(e) => {
             let msg = status_message(&e);
-            shared.recorder.event(pod, WARNING, "Failed", &format!("Error: {msg}"));
+            shared
+                .recorder
+                .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
             // The created container is left for the next sync to see as
             // exited/created; the failure shows as its waiting reason.
             Err(wait("RunContainerError", msg))
@@ -441,7 +538,12 @@ fn status_message(e: &cri_proto::Error) -> String {
 }
 
 /// Pull the image as imagePullPolicy says, with ImagePullBackOff.
-async fn ensure_image(shared: &Shared, pod: &Pod, c: &Container, sandbox: &v1::PodSandboxConfig) -> Result<(), StartError> {
+async fn ensure_image(
+    shared: &Shared,
+    pod: &Pod,
+    c: &Container,
+    sandbox: &v1::PodSandboxConfig,
+) -> Result<(), StartError> {
     let image = c.image.clone().unwrap_or_default();
     let policy = c
         .image_pull_policy
@@ -468,7 +570,9 @@ async fn ensure_image(shared: &Shared, pod: &Pod, c: &Container, sandbox: &v1::P
             return Ok(());
         }
         let msg = format!("Container image \"{image}\" is not present with pull policy of Never");
-        shared.recorder.event(pod, WARNING, "ErrImageNeverPull", &msg);
+        shared
+            .recorder
+            .event(pod, WARNING, "ErrImageNeverPull", &msg);
         return Err(wait("ErrImageNeverPull", msg));
     }
     if present && policy == "IfNotPresent" {
@@ -490,7 +594,12 @@ async fn ensure_image(shared: &Shared, pod: &Pod, c: &Container, sandbox: &v1::P
             Some(left),
         ));
     }
-    shared.recorder.event(pod, NORMAL, "Pulling", &format!("Pulling image \"{image}\""));
+    shared.recorder.event(
+        pod,
+        NORMAL,
+        "Pulling",
+        &format!("Pulling image \"{image}\""),
+    );
     let started = Instant::now();
     let req = v1::PullImageRequest {
         image: Some(spec),
@@ -499,8 +608,15 @@ async fn ensure_image(shared: &Shared, pod: &Pod, c: &Container, sandbox: &v1::P
     };
     match cri.pull_image(req).await {
         Ok(_) => {
-            shared.image_backoff.lock().unwrap_or_else(|e| e.into_inner()).reset(&key);
-            let msg = format!("Successfully pulled image \"{image}\" in {:?}", started.elapsed());
+            shared
+                .image_backoff
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .reset(&key);
+            let msg = format!(
+                "Successfully pulled image \"{image}\" in {:?}",
+                started.elapsed()
+            );
             shared.recorder.event(pod, NORMAL, "Pulled", &msg);
             Ok(())
         }
@@ -525,7 +641,12 @@ async fn ensure_image(shared: &Shared, pod: &Pod, c: &Container, sandbox: &v1::P
 
 /// Stop the pod's containers within the grace period, remove its sandboxes,
 /// logs and state. `pod` is None for an orphan.
-async fn teardown(shared: &Shared, uid: &str, pod: Option<&Pod>, grace: Option<i64>) -> Result<(), cri_proto::Error> {
+async fn teardown(
+    shared: &Shared,
+    uid: &str,
+    pod: Option<&Pod>,
+    grace: Option<i64>,
+) -> Result<(), cri_proto::Error> {
     let rt = shared.runtime.observe_pod(uid).await?;
     let grace = grace.or(pod.map(|p| p.grace_period_seconds()));
     if let Some(p) = pod {
@@ -542,9 +663,19 @@ async fn teardown(shared: &Shared, uid: &str, pod: Option<&Pod>, grace: Option<i
     }
     let _ = std::fs::remove_dir_all(shared.config.root_dir.join("pods").join(uid));
     shared.statuses.remove(uid);
-    shared.crash_backoff.lock().unwrap_or_else(|e| e.into_inner()).forget_prefix(uid);
-    shared.image_backoff.lock().unwrap_or_else(|e| e.into_inner()).forget_prefix(uid);
-    let name = pod.map(|p| p.key()).unwrap_or_else(|| format!("orphan {uid}"));
+    shared
+        .crash_backoff
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .forget_prefix(uid);
+    shared
+        .image_backoff
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .forget_prefix(uid);
+    let name = pod
+        .map(|p| p.key())
+        .unwrap_or_else(|| format!("orphan {uid}"));
     tracing::info!(pod = %name, "pod removed");
     Ok(())
 }

@@ -605,7 +605,12 @@ pub struct Images<'a> {
 impl<'a> Images<'a> {
     /// Side-loading into any containerd (not only a harness one): used by
     /// the bring-up script to load the demo images.
-    pub fn new(socket: &'a Path, work_dir: &'a Path, snapshotter: &'a str, client: cri_proto::CriClient) -> Images<'a> {
+    pub fn new(
+        socket: &'a Path,
+        work_dir: &'a Path,
+        snapshotter: &'a str,
+        client: cri_proto::CriClient,
+    ) -> Images<'a> {
         Images {
             socket,
             dir: work_dir,

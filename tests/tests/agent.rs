@@ -663,7 +663,11 @@ async fn containerd_restart_under_a_running_agent() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_pull_policies_through_a_real_registry() -> Result<()> {
     let registry = skiff_tests::Registry::start().await?;
-    registry.push("skiff/web", "1.0", &skiff_tests::images::toolbox_tag("web-1.0")?);
+    registry.push(
+        "skiff/web",
+        "1.0",
+        &skiff_tests::images::toolbox_tag("web-1.0")?,
+    );
     let cd = Containerd::builder().registry(&registry).start().await?;
     let agent = Agent::start(&cd, fast_backoff()).await?;
     let image = registry.reference("skiff/web", "1.0");
@@ -682,12 +686,20 @@ async fn image_pull_policies_through_a_real_registry() -> Result<()> {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: never}}\nspec:\n  containers:\n  - {{name: c, image: '{absent}', imagePullPolicy: Never}}\n"
         ),
     )?;
-    let p = agent.wait_pod(&agent.pod_name("pulled"), T, "running", pods::all_running).await?;
+    let p = agent
+        .wait_pod(&agent.pod_name("pulled"), T, "running", pods::all_running)
+        .await?;
     let image_id = pods::container(&p, "c").unwrap().image_id.clone();
     // A pulled image is reported by its repo digest, as the kubelet shows it.
-    ensure!(image_id.starts_with(&format!("{}/skiff/web@sha256:", registry.host())), "imageID {image_id}");
     ensure!(
-        registry.requests().iter().any(|r| r.contains("/v2/skiff/web/manifests/")),
+        image_id.starts_with(&format!("{}/skiff/web@sha256:", registry.host())),
+        "imageID {image_id}"
+    );
+    ensure!(
+        registry
+            .requests()
+            .iter()
+            .any(|r| r.contains("/v2/skiff/web/manifests/")),
         "the image came from the registry: {:?}",
         registry.requests()
     );
@@ -696,7 +708,13 @@ async fn image_pull_policies_through_a_real_registry() -> Result<()> {
             pods::waiting_reason(p, "c") == "ErrImageNeverPull"
         })
         .await?;
-    ensure!(!registry.requests().iter().any(|r| r.contains("skiff/absent")), "Never does not pull");
+    ensure!(
+        !registry
+            .requests()
+            .iter()
+            .any(|r| r.contains("skiff/absent")),
+        "Never does not pull"
+    );
 
     // `skiff-agent pods` prints the table a kubectl user expects.
     let bin = skiff_tests::agent::workspace_binary("skiff-agent", "skiff-agent")?;
@@ -704,10 +722,22 @@ async fn image_pull_policies_through_a_real_registry() -> Result<()> {
         .args(["pods", "--address", &agent.status_address().to_string()])
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success() && text.starts_with("NAMESPACE"), "pods output: {text}");
-    let row = text.lines().find(|l| l.contains(&agent.pod_name("pulled"))).context("pulled row")?;
+    ensure!(
+        out.status.success() && text.starts_with("NAMESPACE"),
+        "pods output: {text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains(&agent.pod_name("pulled")))
+        .context("pulled row")?;
     ensure!(row.contains("1/1") && row.contains("Running"), "row: {row}");
-    let row = text.lines().find(|l| l.contains(&agent.pod_name("never"))).context("never row")?;
-    ensure!(row.contains("0/1") && row.contains("ErrImageNeverPull"), "row: {row}");
+    let row = text
+        .lines()
+        .find(|l| l.contains(&agent.pod_name("never")))
+        .context("never row")?;
+    ensure!(
+        row.contains("0/1") && row.contains("ErrImageNeverPull"),
+        "row: {row}"
+    );
     Ok(())
 }

@@ -24,7 +24,12 @@ fn sandbox(id: &str, ready: bool, created: i64) -> SandboxInfo {
 }
 
 fn container(pod: &Pod, name: &str, state: State, restarts: u32, exit: i32) -> ContainerInfo {
-    let spec = pod.containers().iter().chain(pod.init_containers()).find(|c| c.name == name).unwrap();
+    let spec = pod
+        .containers()
+        .iter()
+        .chain(pod.init_containers())
+        .find(|c| c.name == name)
+        .unwrap();
     ContainerInfo {
         id: format!("{name}-{restarts}"),
         sandbox_id: "s1".into(),
@@ -58,7 +63,13 @@ fn names(plan: &Plan) -> Vec<&str> {
 #[test]
 fn new_pod_creates_sandbox_and_starts_all() {
     let p = two_containers("Always");
-    let plan = compute(&p, &PodRuntime::default(), &backoff(), Instant::now(), 100 * SEC);
+    let plan = compute(
+        &p,
+        &PodRuntime::default(),
+        &backoff(),
+        Instant::now(),
+        100 * SEC,
+    );
     assert_eq!(plan.create_sandbox, Some(0));
     assert_eq!(names(&plan), vec!["a", "b"]);
 }
@@ -162,7 +173,9 @@ fn crash_loop_waits_for_backoff() {
     let plan = compute(&p, &rt, &b, now, 24 * SEC);
     assert!(plan.start.is_empty());
     assert_eq!(plan.waiting[0].reason, "CrashLoopBackOff");
-    assert!(plan.waiting[0].message.starts_with("back-off 10s restarting failed container=a pod=p_default(u)"));
+    assert!(plan.waiting[0]
+        .message
+        .starts_with("back-off 10s restarting failed container=a pod=p_default(u)"));
     assert_eq!(plan.requeue_after, Some(Duration::from_secs(6)));
     let plan = compute(&p, &rt, &b, now, 31 * SEC);
     assert_eq!(names(&plan), vec!["a"]);
@@ -181,7 +194,13 @@ fn dead_sandbox_is_replaced_unless_pod_is_over() {
     };
     let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
     assert_eq!(plan.create_sandbox, Some(1));
-    assert_eq!(plan.start.iter().map(|s| s.restart_count).collect::<Vec<_>>(), vec![1, 1]);
+    assert_eq!(
+        plan.start
+            .iter()
+            .map(|s| s.restart_count)
+            .collect::<Vec<_>>(),
+        vec![1, 1]
+    );
     let p = two_containers("Never");
     let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
     assert_eq!(plan.create_sandbox, None);

@@ -51,43 +51,79 @@ pub fn container_config(
 ) -> Result<v1::ContainerConfig, ConfigError> {
     let env = resolve_env(pod, c, ctx)?;
     let lookup: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let command = c.command.iter().flatten().map(|s| expand(s, &lookup)).collect();
-    let args = c.args.iter().flatten().map(|s| expand(s, &lookup)).collect();
+    let command = c
+        .command
+        .iter()
+        .flatten()
+        .map(|s| expand(s, &lookup))
+        .collect();
+    let args = c
+        .args
+        .iter()
+        .flatten()
+        .map(|s| expand(s, &lookup))
+        .collect();
 
     let mut cont_labels = HashMap::from([
         (labels::POD_NAME.to_string(), pod.name().to_string()),
-        (labels::POD_NAMESPACE.to_string(), pod.namespace().to_string()),
+        (
+            labels::POD_NAMESPACE.to_string(),
+            pod.namespace().to_string(),
+        ),
         (labels::POD_UID.to_string(), pod.uid().to_string()),
         (labels::CONTAINER_NAME.to_string(), c.name.clone()),
     ]);
     cont_labels.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
 
-    let msg_path = c.termination_message_path.clone().unwrap_or_else(|| "/dev/termination-log".into());
+    let msg_path = c
+        .termination_message_path
+        .clone()
+        .unwrap_or_else(|| "/dev/termination-log".into());
     let mut mounts = Vec::new();
     let mut annotations = HashMap::from([
         (labels::CONTAINER_HASH.to_string(), container_hash(c)),
-        (labels::CONTAINER_RESTART_COUNT.to_string(), restart_count.to_string()),
-        (labels::TERMINATION_MESSAGE_PATH.to_string(), msg_path.clone()),
+        (
+            labels::CONTAINER_RESTART_COUNT.to_string(),
+            restart_count.to_string(),
+        ),
+        (
+            labels::TERMINATION_MESSAGE_PATH.to_string(),
+            msg_path.clone(),
+        ),
         (
             labels::TERMINATION_MESSAGE_POLICY.to_string(),
-            c.termination_message_policy.clone().unwrap_or_else(|| "File".into()),
+            c.termination_message_policy
+                .clone()
+                .unwrap_or_else(|| "File".into()),
         ),
-        (labels::POD_GRACE_PERIOD.to_string(), pod.grace_period_seconds().to_string()),
+        (
+            labels::POD_GRACE_PERIOD.to_string(),
+            pod.grace_period_seconds().to_string(),
+        ),
     ]);
     if let Some(ports) = &c.ports {
-        annotations.insert(labels::CONTAINER_PORTS.into(), serde_json::to_string(ports).unwrap_or_default());
+        annotations.insert(
+            labels::CONTAINER_PORTS.into(),
+            serde_json::to_string(ports).unwrap_or_default(),
+        );
     }
     if !msg_path.is_empty() {
         // The kubelet bind-mounts an empty host file at the message path and
         // reads it when the container terminates.
-        let host = ctx.container_dir.join(format!("termination-log-{restart_count}"));
-        if std::fs::create_dir_all(ctx.container_dir).is_ok() && std::fs::write(&host, b"").is_ok() {
+        let host = ctx
+            .container_dir
+            .join(format!("termination-log-{restart_count}"));
+        if std::fs::create_dir_all(ctx.container_dir).is_ok() && std::fs::write(&host, b"").is_ok()
+        {
             mounts.push(v1::Mount {
                 container_path: msg_path,
                 host_path: host.display().to_string(),
                 ..Default::default()
             });
-            annotations.insert(labels::TERMINATION_MESSAGE_FILE.into(), host.display().to_string());
+            annotations.insert(
+                labels::TERMINATION_MESSAGE_FILE.into(),
+                host.display().to_string(),
+            );
         }
     }
 
@@ -103,7 +139,13 @@ pub fn container_config(
         command,
         args,
         working_dir: c.working_dir.clone().unwrap_or_default(),
-        envs: env.into_iter().map(|(key, value)| v1::KeyValue { key, value: value.into_bytes() }).collect(),
+        envs: env
+            .into_iter()
+            .map(|(key, value)| v1::KeyValue {
+                key,
+                value: value.into_bytes(),
+            })
+            .collect(),
         mounts,
         labels: cont_labels,
         annotations,
@@ -117,18 +159,29 @@ pub fn container_config(
 }
 
 fn linux_config(pod: &Pod, c: &Container) -> v1::LinuxContainerConfig {
-    let cpu_req = resources::get(c, Which::Request, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
-    let cpu_lim = resources::get(c, Which::Limit, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
-    let mem_lim = resources::get(c, Which::Limit, "memory").and_then(|q| resources::parse_bytes(&q));
+    let cpu_req =
+        resources::get(c, Which::Request, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
+    let cpu_lim =
+        resources::get(c, Which::Limit, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
+    let mem_lim =
+        resources::get(c, Which::Limit, "memory").and_then(|q| resources::parse_bytes(&q));
     let quota = resources::cpu_quota(cpu_lim);
     let res = v1::LinuxContainerResources {
-        cpu_period: if quota > 0 { resources::CPU_PERIOD_US } else { 0 },
+        cpu_period: if quota > 0 {
+            resources::CPU_PERIOD_US
+        } else {
+            0
+        },
         cpu_quota: quota,
         cpu_shares: resources::cpu_shares(cpu_req),
         memory_limit_in_bytes: mem_lim.unwrap_or(0),
         ..Default::default()
     };
-    let psc = pod.spec.as_ref().and_then(|s| s.security_context.clone()).unwrap_or_default();
+    let psc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
     let sc = c.security_context.clone().unwrap_or_default();
     let caps = sc.capabilities.clone().unwrap_or_default();
     let security = v1::LinuxContainerSecurityContext {
@@ -139,8 +192,14 @@ fn linux_config(pod: &Pod, c: &Container) -> v1::LinuxContainerConfig {
         }),
         privileged: sc.privileged.unwrap_or(false),
         namespace_options: Some(namespace_options(pod)),
-        run_as_user: sc.run_as_user.or(psc.run_as_user).map(|value| v1::Int64Value { value }),
-        run_as_group: sc.run_as_group.or(psc.run_as_group).map(|value| v1::Int64Value { value }),
+        run_as_user: sc
+            .run_as_user
+            .or(psc.run_as_user)
+            .map(|value| v1::Int64Value { value }),
+        run_as_group: sc
+            .run_as_group
+            .or(psc.run_as_group)
+            .map(|value| v1::Int64Value { value }),
         readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
         supplemental_groups: psc
             .supplemental_groups
@@ -160,15 +219,28 @@ fn linux_config(pod: &Pod, c: &Container) -> v1::LinuxContainerConfig {
 
 /// The container's environment in order, with `$(VAR)` references to
 /// earlier variables expanded, as the kubelet does.
-fn resolve_env(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Result<Vec<(String, String)>, ConfigError> {
+fn resolve_env(
+    pod: &Pod,
+    c: &Container,
+    ctx: &ContainerContext,
+) -> Result<Vec<(String, String)>, ConfigError> {
     let mut out: Vec<(String, String)> = Vec::new();
     if let Some(from) = c.env_from.as_ref().filter(|f| !f.is_empty()) {
-        let what = if from[0].config_map_ref.is_some() { "configmap" } else { "secret" };
+        let what = if from[0].config_map_ref.is_some() {
+            "configmap"
+        } else {
+            "secret"
+        };
         return Err(ConfigError(format!(
             "envFrom {what} is not available: this node has no API server connection to read it from"
         )));
     }
-    for EnvVar { name, value, value_from } in c.env.iter().flatten() {
+    for EnvVar {
+        name,
+        value,
+        value_from,
+    } in c.env.iter().flatten()
+    {
         let resolved = match (value, value_from) {
             (_, Some(from)) => {
                 if let Some(f) = &from.field_ref {
@@ -190,7 +262,8 @@ fn resolve_env(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Result<Vec<(
                 }
             }
             (Some(v), None) => {
-                let lookup: HashMap<&str, &str> = out.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let lookup: HashMap<&str, &str> =
+                    out.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
                 expand(v, &lookup)
             }
             (None, None) => String::new(),
@@ -208,14 +281,20 @@ fn field_ref(pod: &Pod, path: &str, ctx: &ContainerContext) -> Result<String, Co
         "metadata.namespace" => pod.namespace().into(),
         "metadata.uid" => pod.uid().into(),
         "spec.nodeName" => ctx.node_name.into(),
-        "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+        "spec.serviceAccountName" => spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_default(),
         "status.podIP" | "status.podIPs" => ctx.pod_ip.into(),
         "status.hostIP" | "status.hostIPs" => ctx.host_ip.into(),
         p => {
             let label = |prefix: &str, map: &Option<std::collections::BTreeMap<String, String>>| {
                 p.strip_prefix(prefix)
                     .and_then(|k| k.strip_prefix("['").and_then(|k| k.strip_suffix("']")))
-                    .map(|k| map.as_ref().and_then(|m| m.get(k).cloned()).unwrap_or_default())
+                    .map(|k| {
+                        map.as_ref()
+                            .and_then(|m| m.get(k).cloned())
+                            .unwrap_or_default()
+                    })
             };
             label("metadata.labels", &pod.metadata.labels)
                 .or_else(|| label("metadata.annotations", &pod.metadata.annotations))
@@ -224,20 +303,34 @@ fn field_ref(pod: &Pod, path: &str, ctx: &ContainerContext) -> Result<String, Co
     })
 }
 
-fn resource_field_ref(c: &Container, resource: &str, divisor: Option<&str>) -> Result<String, ConfigError> {
+fn resource_field_ref(
+    c: &Container,
+    resource: &str,
+    divisor: Option<&str>,
+) -> Result<String, ConfigError> {
     let (which, name) = resource
         .split_once('.')
         .ok_or_else(|| ConfigError(format!("unsupported resourceFieldRef {resource:?}")))?;
     let which = match which {
         "limits" => Which::Limit,
         "requests" => Which::Request,
-        _ => return Err(ConfigError(format!("unsupported resourceFieldRef {resource:?}"))),
+        _ => {
+            return Err(ConfigError(format!(
+                "unsupported resourceFieldRef {resource:?}"
+            )))
+        }
     };
     let value = resources::get(c, which, name).and_then(|q| resources::parse_quantity(&q));
-    let divisor = divisor.and_then(resources::parse_quantity).filter(|d| *d > 0.0).unwrap_or(1.0);
+    let divisor = divisor
+        .and_then(resources::parse_quantity)
+        .filter(|d| *d > 0.0)
+        .unwrap_or(1.0);
     // Unset limits read as node allocatable upstream; 0 is the honest
     // answer until the node's capacity is wired in.
-    Ok(value.map(|v| (v / divisor).ceil() as i64).unwrap_or(0).to_string())
+    Ok(value
+        .map(|v| (v / divisor).ceil() as i64)
+        .unwrap_or(0)
+        .to_string())
 }
 
 /// `$(VAR)` expansion: defined variables are replaced, `$$` escapes,
@@ -248,9 +341,9 @@ pub fn expand(s: &str, vars: &HashMap<&str, &str>) -> String {
     while let Some(i) = rest.find('$') {
         out.push_str(&rest[..i]);
         let tail = &rest[i..];
-        if tail.starts_with("$$") {
+        if let Some(after) = tail.strip_prefix("$$") {
             out.push('$');
-            rest = &tail[2..];
+            rest = after;
         } else if let Some(end) = tail.strip_prefix("$(").and_then(|t| t.find(')')) {
             let name = &tail[2..2 + end];
             match vars.get(name) {
@@ -300,7 +393,10 @@ mod tests {
         assert_eq!(cfg.annotations[labels::CONTAINER_RESTART_COUNT], "3");
         let linux = cfg.linux.unwrap();
         let r = linux.resources.unwrap();
-        assert_eq!((r.cpu_quota, r.cpu_period, r.cpu_shares), (25_000, 100_000, 256));
+        assert_eq!(
+            (r.cpu_quota, r.cpu_period, r.cpu_shares),
+            (25_000, 100_000, 256)
+        );
         assert_eq!(r.memory_limit_in_bytes, 64 << 20);
         let sc = linux.security_context.unwrap();
         assert_eq!(sc.run_as_user.unwrap().value, 1000);
@@ -316,7 +412,12 @@ mod tests {
         )
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ctx = ContainerContext { node_name: "n", pod_ip: "", host_ip: "", container_dir: dir.path() };
+        let ctx = ContainerContext {
+            node_name: "n",
+            pod_ip: "",
+            host_ip: "",
+            container_dir: dir.path(),
+        };
         let e = container_config(&pod, &pod.containers()[0], 0, &ctx).unwrap_err();
         assert!(e.0.contains("configmap \"cm\" not found"), "{e}");
     }

@@ -36,5 +36,8 @@ pub fn pod_selector(uid: &str) -> HashMap<String, String> {
 
 /// Parse an integer annotation, 0 when absent or garbled.
 pub fn int_annotation(annotations: &HashMap<String, String>, key: &str) -> i64 {
-    annotations.get(key).and_then(|v| v.parse().ok()).unwrap_or(0)
+    annotations
+        .get(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }

@@ -91,7 +91,11 @@ impl Runtime {
         let mut rt = PodRuntime::default();
         for s in sandboxes.items {
             let ready = s.state == v1::PodSandboxState::SandboxReady as i32;
-            let ips = if ready { self.sandbox_ips(&s.id).await? } else { Vec::new() };
+            let ips = if ready {
+                self.sandbox_ips(&s.id).await?
+            } else {
+                Vec::new()
+            };
             rt.sandboxes.push(SandboxInfo {
                 id: s.id.clone(),
                 attempt: s.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
@@ -102,7 +106,9 @@ impl Runtime {
         }
         for c in containers.containers {
             match self.container_status(&c).await {
-                Ok(status) => rt.containers.push(ContainerInfo::from_status(&status, &c.pod_sandbox_id)),
+                Ok(status) => rt
+                    .containers
+                    .push(ContainerInfo::from_status(&status, &c.pod_sandbox_id)),
                 // Removed between the list and the status call.
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
@@ -113,7 +119,12 @@ impl Runtime {
     }
 
     async fn sandbox_ips(&self, id: &str) -> Result<Vec<String>> {
-        if let Some(ips) = self.sandbox_cache.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+        if let Some(ips) = self
+            .sandbox_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+        {
             return Ok(ips.clone());
         }
         let status = self
@@ -123,7 +134,11 @@ impl Runtime {
                 verbose: false,
             })
             .await?;
-        let ips = status.status.as_ref().map(state::sandbox_ips).unwrap_or_default();
+        let ips = status
+            .status
+            .as_ref()
+            .map(state::sandbox_ips)
+            .unwrap_or_default();
         self.sandbox_cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -133,7 +148,12 @@ impl Runtime {
 
     /// ContainerStatus, from the cache while the listed state is unchanged.
     async fn container_status(&self, c: &v1::Container) -> Result<v1::ContainerStatus> {
-        if let Some(s) = self.container_cache.lock().unwrap_or_else(|e| e.into_inner()).get(&c.id) {
+        if let Some(s) = self
+            .container_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&c.id)
+        {
             if s.state == c.state {
                 return Ok(s.clone());
             }
@@ -156,7 +176,8 @@ impl Runtime {
 
     /// Drop cache entries of containers and sandboxes that no longer exist.
     pub fn prune_caches(&self, containers: &[v1::Container], sandboxes: &[v1::PodSandbox]) {
-        let live: std::collections::HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
+        let live: std::collections::HashSet<&str> =
+            containers.iter().map(|c| c.id.as_str()).collect();
         self.container_cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -54,8 +54,12 @@ pub fn parse_bytes(s: &str) -> Option<i64> {
 /// limits when only limits are given (apiserver defaulting).
 pub fn get(c: &Container, which: Which, resource: &str) -> Option<String> {
     let res = c.resources.as_ref()?;
-    let from = |m: &Option<std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-        m.as_ref().and_then(|m| m.get(resource)).map(|q| q.0.clone())
+    let from = |m: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        m.as_ref()
+            .and_then(|m| m.get(resource))
+            .map(|q| q.0.clone())
     };
     match which {
         Which::Limit => from(&res.limits),

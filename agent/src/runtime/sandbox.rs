@@ -26,15 +26,28 @@ pub fn pod_log_dir(root: &Path, pod: &Pod) -> PathBuf {
 
 pub fn sandbox_config(pod: &Pod, attempt: u32, ctx: &SandboxContext) -> v1::PodSandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
-    let mut sandbox_labels: HashMap<String, String> =
-        pod.metadata.labels.clone().unwrap_or_default().into_iter().collect();
+    let mut sandbox_labels: HashMap<String, String> = pod
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     sandbox_labels.insert(labels::POD_NAME.into(), pod.name().into());
     sandbox_labels.insert(labels::POD_NAMESPACE.into(), pod.namespace().into());
     sandbox_labels.insert(labels::POD_UID.into(), pod.uid().into());
     sandbox_labels.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
-    let mut annotations: HashMap<String, String> =
-        pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect();
-    annotations.insert(labels::POD_GRACE_PERIOD.into(), pod.grace_period_seconds().to_string());
+    let mut annotations: HashMap<String, String> = pod
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    annotations.insert(
+        labels::POD_GRACE_PERIOD.into(),
+        pod.grace_period_seconds().to_string(),
+    );
 
     let host_network = spec.host_network.unwrap_or(false);
     let port_mappings = spec
@@ -55,7 +68,12 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, ctx: &SandboxContext) -> v1::PodS
         .containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
-        .any(|c| c.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false));
+        .any(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|s| s.privileged)
+                .unwrap_or(false)
+        });
     let security_context = v1::LinuxSandboxSecurityContext {
         namespace_options: Some(namespace_options(pod)),
         run_as_user: psc.run_as_user.map(|value| v1::Int64Value { value }),
@@ -78,7 +96,11 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, ctx: &SandboxContext) -> v1::PodS
             namespace: pod.namespace().into(),
             attempt,
         }),
-        hostname: if host_network { String::new() } else { hostname(pod) },
+        hostname: if host_network {
+            String::new()
+        } else {
+            hostname(pod)
+        },
         log_directory: pod_log_dir(ctx.pod_log_dir, pod).display().to_string(),
         dns_config: Some(dns_config(pod, ctx)),
         port_mappings,
@@ -90,7 +112,6 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, ctx: &SandboxContext) -> v1::PodS
             sysctls,
             ..Default::default()
         }),
-        ..Default::default()
     }
 }
 
@@ -174,7 +195,8 @@ pub fn dns_config(pod: &Pod, ctx: &SandboxContext) -> v1::DnsConfig {
         for o in extra.options.unwrap_or_default() {
             let name = o.name.unwrap_or_default();
             // A pod option overrides a default with the same name (ndots).
-            cfg.options.retain(|x| x.split(':').next() != Some(name.as_str()));
+            cfg.options
+                .retain(|x| x.split(':').next() != Some(name.as_str()));
             cfg.options.push(match o.value {
                 Some(v) => format!("{name}:{v}"),
                 None => name,
@@ -191,7 +213,9 @@ pub fn dns_config(pod: &Pod, ctx: &SandboxContext) -> v1::DnsConfig {
 /// The host's resolv.conf as a DNS config; empty when unreadable.
 pub fn read_resolv_conf(path: &Path) -> v1::DnsConfig {
     let mut cfg = v1::DnsConfig::default();
-    let Ok(text) = std::fs::read_to_string(path) else { return cfg };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return cfg;
+    };
     for line in text.lines() {
         let mut words = line.split_whitespace();
         match words.next() {
@@ -231,7 +255,14 @@ mod tests {
         assert_eq!(c.port_mappings[0].host_port, 8080);
         let d = c.dns_config.unwrap();
         assert_eq!(d.servers, dns);
-        assert_eq!(&d.searches[..3], &["prod.svc.cluster.local", "svc.cluster.local", "cluster.local"]);
+        assert_eq!(
+            &d.searches[..3],
+            &[
+                "prod.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local"
+            ]
+        );
         assert_eq!(d.options, vec!["ndots:5"]);
     }
 

@@ -86,11 +86,18 @@ impl ContainerInfo {
             exit_code: s.exit_code,
             reason: s.reason.clone(),
             message: s.message.clone(),
-            image: s.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
+            image: s
+                .image
+                .as_ref()
+                .map(|i| i.image.clone())
+                .unwrap_or_default(),
             image_ref: s.image_ref.clone(),
             grace_period: labels::int_annotation(a, labels::POD_GRACE_PERIOD),
             termination_message_file: a.get(labels::TERMINATION_MESSAGE_FILE).cloned(),
-            termination_message_policy: a.get(labels::TERMINATION_MESSAGE_POLICY).cloned().unwrap_or_default(),
+            termination_message_policy: a
+                .get(labels::TERMINATION_MESSAGE_POLICY)
+                .cloned()
+                .unwrap_or_default(),
             log_path: s.log_path.clone(),
         }
     }
@@ -118,7 +125,9 @@ impl PodRuntime {
 
     /// Newest container with this name in the given sandbox.
     pub fn latest_in(&self, name: &str, sandbox_id: &str) -> Option<&ContainerInfo> {
-        self.containers.iter().find(|c| c.name == name && c.sandbox_id == sandbox_id)
+        self.containers
+            .iter()
+            .find(|c| c.name == name && c.sandbox_id == sandbox_id)
     }
 
     /// The newest terminated container with this name other than `except`.
@@ -141,18 +150,26 @@ impl PodRuntime {
 
 /// Group sandbox IPs from a PodSandboxStatus, primary first.
 pub fn sandbox_ips(status: &v1::PodSandboxStatus) -> Vec<String> {
-    let Some(net) = &status.network else { return Vec::new() };
+    let Some(net) = &status.network else {
+        return Vec::new();
+    };
     let mut ips = Vec::new();
     if !net.ip.is_empty() {
         ips.push(net.ip.clone());
     }
-    ips.extend(net.additional_ips.iter().map(|i| i.ip.clone()).filter(|i| !i.is_empty()));
+    ips.extend(
+        net.additional_ips
+            .iter()
+            .map(|i| i.ip.clone())
+            .filter(|i| !i.is_empty()),
+    );
     ips
 }
 
 /// Sort newest first by creation time, then id for a stable order.
 pub fn sort_newest_first(rt: &mut PodRuntime) {
-    rt.sandboxes.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+    rt.sandboxes
+        .sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
     rt.containers.sort_by(|a, b| {
         b.restart_count
             .cmp(&a.restart_count)

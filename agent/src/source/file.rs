@@ -16,7 +16,9 @@ use notify::{RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::{defaults, validate, PodUpdate, SourceError, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+use super::{
+    defaults, validate, PodUpdate, SourceError, CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION,
+};
 
 const RESCAN_PERIOD: Duration = Duration::from_secs(20);
 /// Editors and `cp` write in several steps: wait for the burst to settle.
@@ -54,14 +56,22 @@ impl FileSource {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return PodUpdate { source: "file", pods, errors };
+                return PodUpdate {
+                    source: "file",
+                    pods,
+                    errors,
+                };
             }
             Err(e) => {
                 errors.push(SourceError {
                     origin: self.dir.display().to_string(),
                     message: format!("cannot read static pod directory: {e}"),
                 });
-                return PodUpdate { source: "file", pods, errors };
+                return PodUpdate {
+                    source: "file",
+                    pods,
+                    errors,
+                };
             }
         };
         let mut seen = BTreeMap::new();
@@ -73,11 +83,16 @@ impl FileSource {
             if name.starts_with('.') {
                 continue;
             }
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
             if !meta.is_file() {
                 continue;
             }
-            let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
+            let stamp = (
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                meta.len(),
+            );
             let parsed = match self.cache.get(&path) {
                 Some(p) if p.stamp == stamp => p.clone(),
                 _ => {
@@ -121,20 +136,31 @@ impl FileSource {
                 }),
             }
         }
-        PodUpdate { source: "file", pods, errors }
+        PodUpdate {
+            source: "file",
+            pods,
+            errors,
+        }
     }
 
     /// Scan and send when something changed; first snapshot always sent.
     async fn scan_and_send(&mut self, tx: &mpsc::Sender<PodUpdate>) -> bool {
         let update = self.scan();
-        let mut uids: Vec<String> = update.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let mut uids: Vec<String> = update
+            .pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
         uids.sort();
         let key = (uids, update.errors.clone());
         if self.last_sent.as_ref() == Some(&key) {
             return true;
         }
         for e in &update.errors {
-            let known = self.last_sent.as_ref().is_some_and(|(_, errs)| errs.contains(e));
+            let known = self
+                .last_sent
+                .as_ref()
+                .is_some_and(|(_, errs)| errs.contains(e));
             if !known {
                 tracing::warn!(file = %e.origin, "skipping static pod manifest: {}", e.message);
             }
@@ -168,7 +194,11 @@ impl FileSource {
             if !self.scan_and_send(&tx).await {
                 return;
             }
-            let period = if watching { RESCAN_PERIOD } else { Duration::from_secs(1) };
+            let period = if watching {
+                RESCAN_PERIOD
+            } else {
+                Duration::from_secs(1)
+            };
             tokio::select! {
                 ev = ev_rx.recv() => {
                     if ev.is_none() { watching = false; }
@@ -201,7 +231,10 @@ pub fn load_static_pod(path: &Path, node_name: &str) -> Result<Pod, String> {
         pod.metadata.uid = Some(hex::encode(&h.finalize()[..16]));
     }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let ann = pod.metadata.annotations.get_or_insert_with(Default::default);
+    let ann = pod
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
     ann.insert(CONFIG_SOURCE_ANNOTATION.into(), "file".into());
     ann.insert(CONFIG_HASH_ANNOTATION.into(), uid);
     if let Some(spec) = pod.spec.as_mut() {
@@ -219,7 +252,10 @@ fn parse_pod(bytes: &[u8]) -> Result<Pod, String> {
         serde_yaml::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?
     };
     let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
-    let api = value.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("");
+    let api = value
+        .get("apiVersion")
+        .and_then(|k| k.as_str())
+        .unwrap_or("");
     if kind != "Pod" || api != "v1" {
         return Err(format!(
             "expected apiVersion: v1 and kind: Pod, found apiVersion: {api:?}, kind: {kind:?}"
@@ -250,7 +286,10 @@ mod tests {
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("Node1"));
         assert_eq!(spec.restart_policy.as_deref(), Some("Always"));
-        assert_eq!(spec.containers[0].image_pull_policy.as_deref(), Some("IfNotPresent"));
+        assert_eq!(
+            spec.containers[0].image_pull_policy.as_deref(),
+            Some("IfNotPresent")
+        );
         let uid = pod.metadata.uid.clone().unwrap();
         // A fresh source (an agent restart) derives the same uid.
         let b = FileSource::new(dir.path(), "Node1").scan();
@@ -263,14 +302,31 @@ mod tests {
         std::fs::write(dir.path().join("good.yaml"), POD).unwrap();
         std::fs::write(dir.path().join("bad.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers: [{name: c, image: i, ports: [{containerPort: abc}]}]\n").unwrap();
         std::fs::write(dir.path().join("notyaml.json"), "{ nope").unwrap();
-        std::fs::write(dir.path().join("svc.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: s}\n").unwrap();
+        std::fs::write(
+            dir.path().join("svc.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\n",
+        )
+        .unwrap();
         std::fs::write(dir.path().join(".hidden.yaml"), "garbage: [").unwrap();
         let u = FileSource::new(dir.path(), "n").scan();
         assert_eq!(u.pods.len(), 1);
         assert_eq!(u.errors.len(), 3, "{:?}", u.errors);
-        let bad = u.errors.iter().find(|e| e.origin.ends_with("bad.yaml")).unwrap();
-        assert!(bad.message.contains("spec.containers[0].ports[0].containerPort"), "{}", bad.message);
-        let svc = u.errors.iter().find(|e| e.origin.ends_with("svc.yaml")).unwrap();
+        let bad = u
+            .errors
+            .iter()
+            .find(|e| e.origin.ends_with("bad.yaml"))
+            .unwrap();
+        assert!(
+            bad.message
+                .contains("spec.containers[0].ports[0].containerPort"),
+            "{}",
+            bad.message
+        );
+        let svc = u
+            .errors
+            .iter()
+            .find(|e| e.origin.ends_with("svc.yaml"))
+            .unwrap();
         assert!(svc.message.contains("kind: \"Service\""), "{}", svc.message);
     }
 }

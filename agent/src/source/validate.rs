@@ -30,7 +30,8 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -66,7 +67,10 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     }
     let mut names = HashSet::new();
     let init = spec.init_containers.as_deref().unwrap_or_default();
-    for (kind, list) in [("initContainers", init), ("containers", &spec.containers[..])] {
+    for (kind, list) in [
+        ("initContainers", init),
+        ("containers", &spec.containers[..]),
+    ] {
         for (i, c) in list.iter().enumerate() {
             validate_container(&format!("spec.{kind}[{i}]"), c, &mut names, &mut errs);
         }
@@ -89,40 +93,66 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
             errs.push(err("spec.dnsPolicy", format!("Unsupported value: {p:?}")));
         }
         if p == "None" && spec.dns_config.is_none() {
-            errs.push(err("spec.dnsConfig", "Required value: must provide `dnsConfig` when `dnsPolicy` is None"));
+            errs.push(err(
+                "spec.dnsConfig",
+                "Required value: must provide `dnsConfig` when `dnsPolicy` is None",
+            ));
         }
     }
     errs
 }
 
-fn validate_container(path: &str, c: &Container, names: &mut HashSet<String>, errs: &mut Vec<FieldError>) {
+fn validate_container(
+    path: &str,
+    c: &Container,
+    names: &mut HashSet<String>,
+    errs: &mut Vec<FieldError>,
+) {
     if c.name.is_empty() {
         errs.push(err(format!("{path}.name"), "Required value"));
     } else if !is_dns1123_label(&c.name) {
-        errs.push(err(format!("{path}.name"), format!("Invalid value: {:?}: must be a DNS-1123 label", c.name)));
+        errs.push(err(
+            format!("{path}.name"),
+            format!("Invalid value: {:?}: must be a DNS-1123 label", c.name),
+        ));
     } else if !names.insert(c.name.clone()) {
-        errs.push(err(format!("{path}.name"), format!("Duplicate value: {:?}", c.name)));
+        errs.push(err(
+            format!("{path}.name"),
+            format!("Duplicate value: {:?}", c.name),
+        ));
     }
     if c.image.as_deref().unwrap_or("").trim().is_empty() {
         errs.push(err(format!("{path}.image"), "Required value"));
     }
     if let Some(p) = c.image_pull_policy.as_deref() {
         if !["Always", "IfNotPresent", "Never"].contains(&p) {
-            errs.push(err(format!("{path}.imagePullPolicy"), format!("Unsupported value: {p:?}")));
+            errs.push(err(
+                format!("{path}.imagePullPolicy"),
+                format!("Unsupported value: {p:?}"),
+            ));
         }
     }
     for (i, port) in c.ports.iter().flatten().enumerate() {
         if !(1..=65535).contains(&port.container_port) {
-            errs.push(err(format!("{path}.ports[{i}].containerPort"), "must be between 1 and 65535, inclusive"));
+            errs.push(err(
+                format!("{path}.ports[{i}].containerPort"),
+                "must be between 1 and 65535, inclusive",
+            ));
         }
         if let Some(h) = port.host_port {
             if !(0..=65535).contains(&h) {
-                errs.push(err(format!("{path}.ports[{i}].hostPort"), "must be between 1 and 65535, inclusive"));
+                errs.push(err(
+                    format!("{path}.ports[{i}].hostPort"),
+                    "must be between 1 and 65535, inclusive",
+                ));
             }
         }
         if let Some(p) = port.protocol.as_deref() {
             if !["TCP", "UDP", "SCTP"].contains(&p) {
-                errs.push(err(format!("{path}.ports[{i}].protocol"), format!("Unsupported value: {p:?}")));
+                errs.push(err(
+                    format!("{path}.ports[{i}].protocol"),
+                    format!("Unsupported value: {p:?}"),
+                ));
             }
         }
     }
@@ -136,7 +166,9 @@ fn validate_container(path: &str, c: &Container, names: &mut HashSet<String>, er
             for (name, q) in map.iter().flatten() {
                 let ok = match name.as_str() {
                     "cpu" => crate::runtime::resources::parse_cpu_millis(&q.0).is_some(),
-                    "memory" | "ephemeral-storage" => crate::runtime::resources::parse_bytes(&q.0).is_some(),
+                    "memory" | "ephemeral-storage" => {
+                        crate::runtime::resources::parse_bytes(&q.0).is_some()
+                    }
                     _ => true,
                 };
                 if !ok {

@@ -9,7 +9,12 @@ fn pod(yaml: &str) -> Pod {
 }
 
 fn c(pod: &Pod, name: &str, state: State, restarts: u32, exit: i32) -> ContainerInfo {
-    let spec = pod.containers().iter().chain(pod.init_containers()).find(|c| c.name == name).unwrap();
+    let spec = pod
+        .containers()
+        .iter()
+        .chain(pod.init_containers())
+        .find(|c| c.name == name)
+        .unwrap();
     ContainerInfo {
         id: format!("{name}{restarts}"),
         sandbox_id: "s".into(),
@@ -62,13 +67,23 @@ fn run(p: &Pod, rt: &PodRuntime, waiting: &HashMap<String, WaitReason>) -> PodSt
 }
 
 fn cond<'a>(s: &'a PodStatus, t: &str) -> &'a PodCondition {
-    s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap()
+    s.conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap()
 }
 
 #[test]
 fn running_pod_is_ready() {
-    let p = pod("metadata: {name: p, uid: u}\nspec:\n  containers: [{name: a, image: toolbox:1}]\n");
-    let s = run(&p, &rt(vec![c(&p, "a", State::Running, 0, 0)], true), &HashMap::new());
+    let p =
+        pod("metadata: {name: p, uid: u}\nspec:\n  containers: [{name: a, image: toolbox:1}]\n");
+    let s = run(
+        &p,
+        &rt(vec![c(&p, "a", State::Running, 0, 0)], true),
+        &HashMap::new(),
+    );
     assert_eq!(s.phase.as_deref(), Some("Running"));
     assert_eq!(s.pod_ip.as_deref(), Some("198.18.0.7"));
     assert_eq!(cond(&s, "Ready").status, "True");
@@ -91,7 +106,11 @@ fn crash_loop_shows_waiting_and_last_state() {
             message: "back-off 10s".into(),
         },
     )]);
-    let s = run(&p, &rt(vec![c(&p, "a", State::Exited, 2, 1)], true), &waiting);
+    let s = run(
+        &p,
+        &rt(vec![c(&p, "a", State::Exited, 2, 1)], true),
+        &waiting,
+    );
     assert_eq!(s.phase.as_deref(), Some("Running"));
     let cs = &s.container_statuses.as_ref().unwrap()[0];
     assert_eq!(cs.restart_count, 2);
@@ -99,19 +118,42 @@ fn crash_loop_shows_waiting_and_last_state() {
     assert_eq!(w.reason.as_deref(), Some("CrashLoopBackOff"));
     let t = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
     assert_eq!((t.exit_code, t.reason.as_deref()), (1, Some("Error")));
-    assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("ContainersNotReady"));
+    assert_eq!(
+        cond(&s, "Ready").reason.as_deref(),
+        Some("ContainersNotReady")
+    );
     assert_eq!(display_status(&p, &s), "CrashLoopBackOff");
 }
 
 #[test]
 fn terminal_phases() {
     let never = pod("metadata: {name: p, uid: u}\nspec:\n  restartPolicy: Never\n  containers: [{name: a, image: i}, {name: b, image: i}]\n");
-    let s = run(&never, &rt(vec![c(&never, "a", State::Exited, 0, 0), c(&never, "b", State::Exited, 0, 0)], false), &HashMap::new());
+    let s = run(
+        &never,
+        &rt(
+            vec![
+                c(&never, "a", State::Exited, 0, 0),
+                c(&never, "b", State::Exited, 0, 0),
+            ],
+            false,
+        ),
+        &HashMap::new(),
+    );
     assert_eq!(s.phase.as_deref(), Some("Succeeded"));
     assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
     assert_eq!(display_status(&never, &s), "Completed");
     // kubectl reports the first container's reason.
-    let s = run(&never, &rt(vec![c(&never, "a", State::Exited, 0, 2), c(&never, "b", State::Exited, 0, 0)], false), &HashMap::new());
+    let s = run(
+        &never,
+        &rt(
+            vec![
+                c(&never, "a", State::Exited, 0, 2),
+                c(&never, "b", State::Exited, 0, 0),
+            ],
+            false,
+        ),
+        &HashMap::new(),
+    );
     assert_eq!(s.phase.as_deref(), Some("Failed"));
     assert_eq!(display_status(&never, &s), "Error");
 }
@@ -119,11 +161,25 @@ fn terminal_phases() {
 #[test]
 fn initializing_pod_is_pending() {
     let p = pod("metadata: {name: p, uid: u}\nspec:\n  initContainers: [{name: i1, image: i}]\n  containers: [{name: a, image: i}]\n");
-    let s = run(&p, &rt(vec![c(&p, "i1", State::Running, 0, 0)], true), &HashMap::new());
+    let s = run(
+        &p,
+        &rt(vec![c(&p, "i1", State::Running, 0, 0)], true),
+        &HashMap::new(),
+    );
     assert_eq!(s.phase.as_deref(), Some("Pending"));
     assert_eq!(cond(&s, "Initialized").status, "False");
     let a = &s.container_statuses.as_ref().unwrap()[0];
-    assert_eq!(a.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+    assert_eq!(
+        a.state
+            .as_ref()
+            .unwrap()
+            .waiting
+            .as_ref()
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("PodInitializing")
+    );
     assert_eq!(display_status(&p, &s), "Init:0/1");
 }
 

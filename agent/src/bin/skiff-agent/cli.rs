@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "skiff-agent", version, about = "skiff node agent: runs pods through containerd's CRI")]
+#[command(
+    name = "skiff-agent",
+    version,
+    about = "skiff node agent: runs pods through containerd's CRI"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,

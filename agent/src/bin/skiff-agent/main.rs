@@ -20,7 +20,9 @@ fn main() -> Result<()> {
             init_logging();
             let config = effective_config(cli.run)?;
             rt.block_on(async {
-                skiff_agent::run(config, shutdown_signal()).await.context("skiff-agent failed")
+                skiff_agent::run(config, shutdown_signal())
+                    .await
+                    .context("skiff-agent failed")
             })
         }
     }
@@ -41,7 +43,9 @@ fn init_logging() {
 fn effective_config(f: cli::RunFlags) -> Result<Config> {
     let mut c = Config::default();
     if let Some(path) = &f.config {
-        FileConfig::load(path)?.apply(&mut c).map_err(anyhow::Error::msg)?;
+        FileConfig::load(path)?
+            .apply(&mut c)
+            .map_err(anyhow::Error::msg)?;
     }
     let dur = |name: &str, v: &Option<String>| -> Result<Option<std::time::Duration>> {
         v.as_deref()
@@ -65,7 +69,8 @@ fn effective_config(f: cli::RunFlags) -> Result<Config> {
         c.pod_log_dir = v;
     }
     if let Some(v) = f.status_address {
-        c.status_address = parse_optional_addr(&v).map_err(|e| anyhow::anyhow!("--status-address: {e}"))?;
+        c.status_address =
+            parse_optional_addr(&v).map_err(|e| anyhow::anyhow!("--status-address: {e}"))?;
     }
     if let Some(v) = dur("pleg-relist-period", &f.pleg_relist_period)? {
         c.pleg_relist_period = v;
@@ -73,7 +78,10 @@ fn effective_config(f: cli::RunFlags) -> Result<Config> {
     if let Some(v) = dur("runtime-request-timeout", &f.runtime_request_timeout)? {
         c.runtime_request_timeout = v;
     }
-    if let Some(v) = dur("crash-loop-back-off-initial", &f.crash_loop_back_off_initial)? {
+    if let Some(v) = dur(
+        "crash-loop-back-off-initial",
+        &f.crash_loop_back_off_initial,
+    )? {
         c.backoff_initial = v;
     }
     if let Some(v) = dur("crash-loop-back-off-max", &f.crash_loop_back_off_max)? {

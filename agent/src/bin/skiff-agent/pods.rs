@@ -18,7 +18,10 @@ pub async fn run(address: &str, output: &str) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
     }
-    println!("{:<16}{:<40}{:<8}{:<20}{:<10}{:<8}IP", "NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE");
+    println!(
+        "{:<16}{:<40}{:<8}{:<20}{:<10}{:<8}IP",
+        "NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE"
+    );
     for pod in &list.items {
         let st = pod.status.clone().unwrap_or_default();
         let cs = st.container_statuses.clone().unwrap_or_default();
