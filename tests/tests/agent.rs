@@ -741,3 +741,41 @@ async fn image_pull_policies_through_a_real_registry() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_config_reaches_the_process() -> Result<()> {
+    let cd = Containerd::start().await?;
+    let agent = Agent::start(&cd, AgentOptions::default()).await?;
+    // The container reports what it sees through its termination message.
+    let script = "echo \"uid=$(id -u) gid=$(id -g) mem=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes) cpu=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) greeting=$GREETING pod=$POD_NAME args=$0,$1 cwd=$(pwd)\" > /dev/termination-log; touch /probe 2>/dev/null && echo rw >> /dev/termination-log || echo ro >> /dev/termination-log";
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: cfg}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {TOOLBOX_IMAGE}\n    command: [sh, -c, {script:?}]\n    args: [first, $(GREETING)]\n    workingDir: /tmp\n    env:\n    - {{name: GREETING, value: hi}}\n    - name: POD_NAME\n      valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}\n    resources: {{limits: {{cpu: 250m, memory: 64Mi}}}}\n    securityContext: {{runAsUser: 1000, runAsGroup: 3000, readOnlyRootFilesystem: true}}\n"
+    );
+    agent.write_manifest("cfg.yaml", &manifest)?;
+    let name = agent.pod_name("cfg");
+    let p = agent
+        .wait_pod(&name, T, "Succeeded", |p| pods::phase(p) == "Succeeded")
+        .await?;
+    let t = pods::container(&p, "c")
+        .unwrap()
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    let msg = t.message.unwrap_or_default();
+    // cgroup v2 prints "25000 100000" for cpu.max, v1 "25000" for the quota.
+    let cpu = if msg.contains("cpu=25000 100000") {
+        "25000 100000"
+    } else {
+        "25000"
+    };
+    let expected = format!(
+        "uid=1000 gid=3000 mem=67108864 cpu={cpu} greeting=hi pod={name} args=first,hi cwd=/tmp\nro\n"
+    );
+    ensure!(
+        msg == expected,
+        "termination message {msg:?}, expected {expected:?}"
+    );
+    Ok(())
+}

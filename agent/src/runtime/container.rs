@@ -113,8 +113,13 @@ pub fn container_config(
         let host = ctx
             .container_dir
             .join(format!("termination-log-{restart_count}"));
-        if std::fs::create_dir_all(ctx.container_dir).is_ok() && std::fs::write(&host, b"").is_ok()
-        {
+        // World-writable, as the kubelet makes it: the container may run
+        // as any user.
+        let created = std::fs::create_dir_all(ctx.container_dir).is_ok()
+            && std::fs::write(&host, b"").is_ok()
+            && std::fs::set_permissions(&host, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                .is_ok();
+        if created {
             mounts.push(v1::Mount {
                 container_path: msg_path,
                 host_path: host.display().to_string(),

@@ -70,10 +70,6 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
         .store
         .list("/registry/core/services/", None, 0, None)
         .await?;
-    let fresh = !list
-        .kvs
-        .iter()
-        .any(|kv| kv.key == "/registry/core/services/default/kubernetes");
     for kv in list.kvs {
         if let Ok(v) = serde_json::from_slice::<Value>(&kv.value) {
             if let Some(ip) = v["spec"]["clusterIP"].as_str() {
@@ -86,9 +82,7 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
             }
         }
     }
-    if fresh {
-        kubernetes_service(api).await?;
-    }
+    kubernetes_service(api).await?;
     Ok(())
 }
 
@@ -104,11 +98,32 @@ async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
         "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
         "spec": {"clusterIP": api.ips.first().to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}]},
     });
-    ensure(api, &system_req("", "services", Some("default")), svc).await?;
+    // Only when missing: its ClusterIP is already marked taken otherwise.
+    if api.store.get("/registry/core/services/default/kubernetes").await?.is_none() {
+        ensure(api, &system_req("", "services", Some("default")), svc).await?;
+    }
     let ep = json!({
         "apiVersion": "v1", "kind": "Endpoints",
         "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
         "subsets": [{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
     });
-    ensure(api, &system_req("", "endpoints", Some("default")), ep).await
+    let subsets = ep["subsets"].clone();
+    ensure(api, &system_req("", "endpoints", Some("default")), ep).await?;
+    // The address or port may have changed since the last start: point the
+    // endpoints at this server again (upstream's bootstrap controller does
+    // the same reconciliation).
+    let key = "/registry/core/endpoints/default/kubernetes";
+    if let Some(kv) = api.store.get(key).await? {
+        if let Ok(mut cur) = serde_json::from_slice::<serde_json::Value>(&kv.value) {
+            if cur["subsets"] != subsets {
+                cur["subsets"] = subsets;
+                let bytes = super::objects::encode_for_store(&cur);
+                match api.store.update(key, bytes, kv.mod_revision).await {
+                    Ok(_) | Err(crate::store::Error::Conflict { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Ok(())
 }

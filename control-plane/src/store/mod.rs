@@ -5,6 +5,17 @@
 //! layout for Kubernetes), values are the objects' JSON. Revisions are the
 //! store's global, strictly increasing write counter; an object's
 //! `metadata.resourceVersion` is its `mod_revision`.
+//!
+//! # Layout
+//! - [`sqlite`]: the embedded default. A kine-style revision log in one
+//!   table; WAL with fsync per commit; one writer thread that group-commits
+//!   concurrent writes; a pool of read connections; an in-process watch hub.
+//!   `SqliteStore::open(DATA_DIR/state.db)`.
+//! - [`etcd`]: etcd v3 through `etcd-client`; `EtcdStore::connect(endpoints)`.
+//! - [`snapshot`]: `snapshot_status` and `snapshot_restore` for files of
+//!   either backend (`Store::snapshot_save` writes them). etcd snapshot
+//!   status/restore run Debian's `etcdctl` (package `etcd-client`).
+//! - [`bench`](mod@bench): raw write benchmark, the baseline for the API benchmark.
 
 use std::path::Path;
 use std::pin::Pin;
