@@ -34,11 +34,31 @@ async fn sqlite_raw_writes() {
     let (lat, total) = bench_raw_writes(store.clone(), 10_000, 32).await;
     report("sqlite", 10_000, &lat, total);
     assert_eq!(lat.len(), 10_000);
+    let t = std::time::Instant::now();
     let listed = store
         .list("/registry/skiff-bench/", None, 0, None)
         .await
         .unwrap();
+    let list_time = t.elapsed();
     assert_eq!(listed.kvs.len(), 10_000);
+    let t = std::time::Instant::now();
+    let page = store
+        .list("/registry/skiff-bench/", None, 500, None)
+        .await
+        .unwrap();
+    let page_time = t.elapsed();
+    assert_eq!(page.kvs.len(), 500);
+    let key = &listed.kvs[5_000].key;
+    let t = std::time::Instant::now();
+    for _ in 0..1000 {
+        store.get(key).await.unwrap().unwrap();
+    }
+    println!(
+        "sqlite: list of 10,000 keys {:.1} ms, first page of 500 {:.1} ms, get {:.0} us",
+        list_time.as_secs_f64() * 1e3,
+        page_time.as_secs_f64() * 1e3,
+        t.elapsed().as_secs_f64() * 1e6 / 1000.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

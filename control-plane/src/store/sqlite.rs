@@ -652,12 +652,15 @@ fn list_at(
         _ => (">=", prefix),
     };
     let sql = format!(
+        // Walk the (name, id) index in key order and keep, per name, the
+        // newest row at or below the revision: the LIMIT stops the walk
+        // early, so a page costs its size, not the size of the prefix.
         "SELECT k.id, k.name, CASE WHEN k.created THEN k.id ELSE k.create_revision END, k.value
-         FROM kv AS k JOIN (
-             SELECT MAX(id) AS mid FROM kv
-             WHERE name {op} ?1 AND name < ?2 AND id <= ?3 GROUP BY name
-         ) AS m ON k.id = m.mid
-         WHERE k.deleted = 0 ORDER BY k.name LIMIT ?4"
+         FROM kv AS k INDEXED BY kv_name_id
+         WHERE k.name {op} ?1 AND k.name < ?2 AND k.id <= ?3
+           AND k.id = (SELECT MAX(n.id) FROM kv AS n WHERE n.name = k.name AND n.id <= ?3)
+           AND k.deleted = 0
+         ORDER BY k.name LIMIT ?4"
     );
     let sql_limit = if limit == 0 { -1 } else { limit as i64 + 1 };
     let mut kvs = {
