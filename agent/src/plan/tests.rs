@@ -24,32 +24,7 @@ fn sandbox(id: &str, ready: bool, created: i64) -> SandboxInfo {
 }
 
 fn container(pod: &Pod, name: &str, state: State, restarts: u32, exit: i32) -> ContainerInfo {
-    let spec = pod
-        .containers()
-        .iter()
-        .chain(pod.init_containers())
-        .find(|c| c.name == name)
-        .unwrap();
-    ContainerInfo {
-        id: format!("{name}-{restarts}"),
-        sandbox_id: "s1".into(),
-        name: name.into(),
-        state,
-        restart_count: restarts,
-        hash: container_hash(spec),
-        created_at: 10 * SEC,
-        started_at: 10 * SEC,
-        finished_at: if state == State::Exited { 20 * SEC } else { 0 },
-        exit_code: exit,
-        reason: String::new(),
-        message: String::new(),
-        image: "i".into(),
-        image_ref: "sha256:1".into(),
-        grace_period: 30,
-        termination_message_file: None,
-        termination_message_policy: "File".into(),
-        log_path: String::new(),
-    }
+    ContainerInfo::fake(pod, name, state, restarts, exit, 10 * SEC)
 }
 
 fn backoff() -> Backoff {

@@ -66,6 +66,51 @@ pub struct ContainerInfo {
 }
 
 impl ContainerInfo {
+    /// A container of `pod` as tests need one: created and started at
+    /// `started_ns`, finished 10 s later when exited.
+    #[cfg(test)]
+    pub fn fake(
+        pod: &k8s_openapi::api::core::v1::Pod,
+        name: &str,
+        state: State,
+        restarts: u32,
+        exit: i32,
+        started_ns: i64,
+    ) -> ContainerInfo {
+        use crate::pod::PodExt;
+        let spec = pod
+            .containers()
+            .iter()
+            .chain(pod.init_containers())
+            .find(|c| c.name == name);
+        ContainerInfo {
+            id: format!("{name}-{restarts}"),
+            sandbox_id: "s1".into(),
+            name: name.into(),
+            state,
+            restart_count: restarts,
+            hash: spec
+                .map(crate::runtime::container::container_hash)
+                .unwrap_or_default(),
+            created_at: started_ns,
+            started_at: started_ns,
+            finished_at: if state == State::Exited {
+                started_ns + 10_000_000_000
+            } else {
+                0
+            },
+            exit_code: exit,
+            reason: String::new(),
+            message: String::new(),
+            image: "i".into(),
+            image_ref: "sha256:1".into(),
+            grace_period: 30,
+            termination_message_file: None,
+            termination_message_policy: "File".into(),
+            log_path: String::new(),
+        }
+    }
+
     pub fn from_status(s: &v1::ContainerStatus, sandbox_id: &str) -> ContainerInfo {
         let a = &s.annotations;
         ContainerInfo {

@@ -1,5 +1,4 @@
 use super::*;
-use crate::runtime::container::container_hash;
 use crate::runtime::state::SandboxInfo;
 
 const SEC: i64 = 1_000_000_000;
@@ -9,31 +8,11 @@ fn pod(yaml: &str) -> Pod {
 }
 
 fn c(pod: &Pod, name: &str, state: State, restarts: u32, exit: i32) -> ContainerInfo {
-    let spec = pod
-        .containers()
-        .iter()
-        .chain(pod.init_containers())
-        .find(|c| c.name == name)
-        .unwrap();
     ContainerInfo {
         id: format!("{name}{restarts}"),
         sandbox_id: "s".into(),
-        name: name.into(),
-        state,
-        restart_count: restarts,
-        hash: container_hash(spec),
-        created_at: SEC,
-        started_at: 2 * SEC,
-        finished_at: if state == State::Exited { 3 * SEC } else { 0 },
-        exit_code: exit,
-        reason: String::new(),
-        message: String::new(),
-        image: String::new(),
         image_ref: "sha256:abc".into(),
-        grace_period: 30,
-        termination_message_file: None,
-        termination_message_policy: "File".into(),
-        log_path: String::new(),
+        ..ContainerInfo::fake(pod, name, state, restarts, exit, 2 * SEC)
     }
 }
 
