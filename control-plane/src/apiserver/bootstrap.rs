@@ -99,7 +99,12 @@ async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
         "spec": {"clusterIP": api.ips.first().to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": port}]},
     });
     // Only when missing: its ClusterIP is already marked taken otherwise.
-    if api.store.get("/registry/core/services/default/kubernetes").await?.is_none() {
+    if api
+        .store
+        .get("/registry/core/services/default/kubernetes")
+        .await?
+        .is_none()
+    {
         ensure(api, &system_req("", "services", Some("default")), svc).await?;
     }
     let ep = json!({

@@ -322,7 +322,18 @@ pub(crate) async fn create(
     body: Bytes,
 ) -> ApiResult<Response<Body>> {
     let obj = decode_body(&body, r.content_type())?;
-    let (obj, warnings) = create_value(api, r, obj).await?;
+    let (obj, warnings, stored) = create_value_stored(api, r, obj).await?;
+    // The plain JSON answer is the bytes just stored with the revision
+    // spliced in: no second serialization of the object.
+    let plain = !convert::converts(r.def)
+        && !table::wants_table(r.accept())
+        && !table::wants_metadata(r.accept());
+    if let Some(b) = stored
+        .filter(|_| plain)
+        .and_then(|(bytes, rev)| objects::splice_resource_version(&bytes, rev))
+    {
+        return Ok(with_warnings(super::bytes_response(201, b), &warnings));
+    }
     Ok(with_warnings(object_response(r, 201, &obj), &warnings))
 }
 
@@ -330,8 +341,20 @@ pub(crate) async fn create(
 pub(crate) async fn create_value(
     api: &ApiServer,
     r: &Req,
-    mut obj: Value,
+    obj: Value,
 ) -> ApiResult<(Value, Vec<String>)> {
+    let (obj, warnings, _) = create_value_stored(api, r, obj).await?;
+    Ok((obj, warnings))
+}
+
+/// [`create_value`], also returning the stored bytes and their revision
+/// (None on a dry run).
+#[allow(clippy::type_complexity)]
+async fn create_value_stored(
+    api: &ApiServer,
+    r: &Req,
+    mut obj: Value,
+) -> ApiResult<(Value, Vec<String>, Option<(Vec<u8>, i64)>)> {
     let def = r.def;
     check_type_meta(def, &mut obj)?;
     let body_ns = objects::namespace(&obj).map(String::from);
@@ -406,13 +429,13 @@ pub(crate) async fn create_value(
     };
     if is_dry_run(r) {
         release(api, &allocated);
-        return Ok((obj, warnings));
+        return Ok((obj, warnings, None));
     }
     let key = def.key(objects::namespace(&obj), &name);
     match api.store.create(&key, convert::encode(def, &obj)).await {
         Ok(kv) => {
             meta_mut(&mut obj).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
-            Ok((obj, warnings))
+            Ok((obj, warnings, Some((kv.value, kv.mod_revision))))
         }
         Err(e) => {
             release(api, &allocated);

@@ -107,6 +107,15 @@ pub fn decode_stored(value: &[u8], revision: i64) -> Option<Value> {
 
 /// Bytes to store: the object without `resourceVersion`.
 pub fn encode_for_store(obj: &Value) -> Vec<u8> {
+    // Most writes carry no resourceVersion (create drops it): serialize
+    // in place instead of deep-copying the object first.
+    if obj
+        .get("metadata")
+        .and_then(|m| m.get("resourceVersion"))
+        .is_none()
+    {
+        return serde_json::to_vec(obj).unwrap_or_default();
+    }
     let mut v = obj.clone();
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");

@@ -347,7 +347,8 @@ pub fn decode_typed(def: &ResourceDef, obj: &Value) -> Result<(Value, Vec<String
 }
 
 fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, String> {
-    let t: T = serde_json::from_value(obj.clone()).map_err(|e| e.to_string())?;
+    // Deserialize from the borrowed Value: no deep copy of the object first.
+    let t = T::deserialize(obj).map_err(|e| e.to_string())?;
     serde_json::to_value(&t).map_err(|e| e.to_string())
 }
 

@@ -28,7 +28,10 @@ impl Attributes {
     /// The message of a 403, as upstream words it.
     pub fn forbidden_message(&self, user: &str) -> String {
         if !self.resource_request {
-            return format!("forbidden: User {user:?} cannot {} path {:?}", self.verb, self.path);
+            return format!(
+                "forbidden: User {user:?} cannot {} path {:?}",
+                self.verb, self.path
+            );
         }
         let res = if self.subresource.is_empty() {
             self.resource.clone()
@@ -38,7 +41,11 @@ impl Attributes {
         let what = if self.name.is_empty() {
             crate::apiserver::status::qualified(&self.group, &self.resource)
         } else {
-            format!("{} {:?}", crate::apiserver::status::qualified(&self.group, &self.resource), self.name)
+            format!(
+                "{} {:?}",
+                crate::apiserver::status::qualified(&self.group, &self.resource),
+                self.name
+            )
         };
         let scope = if self.namespace.is_empty() {
             "at the cluster scope".to_string()

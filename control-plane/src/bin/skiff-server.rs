@@ -8,6 +8,25 @@ use clap::{Args, Parser, Subcommand};
 use skiff_control_plane::config::{Config, Settings};
 use skiff_control_plane::{pki, server, store};
 
+/// mimalloc instead of glibc malloc: the request path allocates a lot
+/// (JSON values), and glibc's malloc/free took about a quarter of the
+/// server's CPU per create in the API benchmark.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `mi_option_purge_delay` (index 15 of mimalloc's `mi_option_e`, which
+/// libmimalloc-sys does not export as a constant).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Give freed memory back to the OS at once instead of after mimalloc's
+/// default 10 ms: with the delay, bursts (big lists, many concurrent
+/// requests) kept peak RSS about 30-40 MiB higher for no measurable speed.
+fn tune_allocator() {
+    // SAFETY: called first thing in main, before other threads exist
+    // (mi_option_set is not thread safe); it only sets an option value.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "skiff-server",
@@ -96,6 +115,7 @@ enum SnapshotCmd {
 }
 
 fn main() -> anyhow::Result<()> {
+    tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

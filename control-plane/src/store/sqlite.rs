@@ -41,8 +41,11 @@ const WRITE_QUEUE: usize = 4096;
 const HUB_CAPACITY: usize = 1024;
 /// Rows read per step of a watch replay.
 const REPLAY_CHUNK: i64 = 512;
-/// Idle read connections kept open.
-const MAX_IDLE_READERS: usize = 8;
+/// Read connections: at most this many reads run at once (others wait for
+/// a permit), and all of them stay open. Opening a connection per read
+/// (re-parsing the schema) and one page cache per concurrent request cost
+/// CPU and memory; on a few cores more parallel reads do not go faster.
+const MAX_READERS: usize = 8;
 /// Rows deleted per statement while compacting.
 const COMPACT_CHUNK: i64 = 10_000;
 
@@ -145,6 +148,7 @@ impl SqliteStore {
         let readers = Arc::new(Readers {
             path: path.clone(),
             idle: Mutex::new(Vec::new()),
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_READERS)),
         });
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -574,6 +578,9 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Ev
 struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    /// One permit per connection in use: bounds open connections (and
+    /// blocking threads) to `MAX_READERS`.
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl Readers {
@@ -595,7 +602,14 @@ impl Readers {
         F: FnOnce(&mut Connection) -> Result<R> + Send + 'static,
     {
         let this = self.clone();
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::backend(BACKEND, "read pool closed"))?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let pooled = this.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let mut conn = match pooled {
                 Some(c) => c,
@@ -606,7 +620,7 @@ impl Readers {
             // not reused.
             if conn.is_autocommit() {
                 let mut idle = this.idle.lock().unwrap_or_else(|p| p.into_inner());
-                if idle.len() < MAX_IDLE_READERS {
+                if idle.len() < MAX_READERS {
                     idle.push(conn);
                 }
             }
