@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Stops what scripts/up.sh started: the agent first tears its pods down (their
+# manifests are moved aside), then the agent, skiff-server and containerd
+# stop. With --purge, their state is removed too. Safe to re-run.
+set -euo pipefail
+STATE=/var/lib/skiff
+RUN=/run/skiff
+ETC=/etc/skiff
+
+running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+if running "$RUN/agent.pid" && command -v skiff-agent >/dev/null; then
+    mkdir -p "$ETC/manifests.down"
+    find "$ETC/manifests" -maxdepth 1 -type f -exec mv -t "$ETC/manifests.down" {} +
+    echo "== waiting for the agent to stop its pods"
+    for _ in $(seq 120); do
+        [ "$(skiff-agent pods -o json 2>/dev/null | grep -c '"uid"')" = 0 ] && break
+        sleep 0.5
+    done
+fi
+for p in agent server containerd; do
+    if running "$RUN/$p.pid"; then
+        kill "$(cat "$RUN/$p.pid")"
+        for _ in $(seq 50); do running "$RUN/$p.pid" || break; sleep 0.1; done
+    fi
+    rm -f "$RUN/$p.pid"
+done
+ip link del skiff0 2>/dev/null || true
+if [ "${1:-}" = "--purge" ]; then
+    rm -rf "$STATE" "$RUN" "$ETC/manifests.down"
+fi
+echo "skiff stopped"
