@@ -62,7 +62,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         source,
     })?
     .with_pull_timeout(config.image_pull_timeout);
-    let runtime = Runtime::new(cri.clone());
+    let runtime = Arc::new(Runtime::new(cri));
     let facts = Arc::new(Facts::gather(&config.root_dir, config.max_pods));
     let host_ip = facts.internal_ip.map(|i| i.to_string()).unwrap_or_default();
     tracing::info!(
@@ -75,7 +75,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         crash_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         image_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         config: config.clone(),
-        runtime,
+        runtime: runtime.clone(),
         recorder: Box::new(LogRecorder),
         statuses: StatusStore::default(),
         host_ip,
@@ -112,9 +112,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     let (relist_tx, relist_rx) = mpsc::channel(4);
     let (wake_tx, wake_rx) = mpsc::unbounded_channel();
-    let pleg_runtime = Arc::new(Runtime::new(cri));
     let pleg = Pleg::new(
-        pleg_runtime,
+        runtime,
         config.pleg_relist_period,
         health.clone(),
         relist_tx,

@@ -30,7 +30,8 @@ use crate::status::{self, WaitReason};
 /// What the whole node's workers share.
 pub struct Shared {
     pub config: Config,
-    pub runtime: Runtime,
+    /// Shared with the PLEG, which prunes its caches on every relist.
+    pub runtime: Arc<Runtime>,
     pub recorder: Box<dyn Recorder>,
     pub statuses: StatusStore,
     /// CrashLoopBackOff delays, keyed `uid/container`.
@@ -242,7 +243,7 @@ fn waiting_reason<'a>(s: &'a PodStatus, name: &str) -> Option<&'a str> {
 
 fn report(shared: &Shared, pod: &Pod, rt: &PodRuntime, st: &mut PodState) {
     let now = Timestamp::now();
-    let runtime_name = "containerd";
+    let runtime_name = shared.runtime.name();
     let status = status::compute(
         pod,
         &status::Inputs {

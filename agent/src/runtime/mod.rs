@@ -29,6 +29,8 @@ pub struct Runtime {
     pub cri: CriClient,
     container_cache: Mutex<HashMap<String, v1::ContainerStatus>>,
     sandbox_cache: Mutex<HashMap<String, Vec<String>>>,
+    /// `containerd`, `cri-o`...: the prefix of container IDs in statuses.
+    name: std::sync::OnceLock<String>,
 }
 
 impl Runtime {
@@ -37,13 +39,21 @@ impl Runtime {
             cri,
             container_cache: Mutex::new(HashMap::new()),
             sandbox_cache: Mutex::new(HashMap::new()),
+            name: std::sync::OnceLock::new(),
         }
     }
 
     /// `containerd://1.6.20`, as the Node's containerRuntimeVersion.
     pub async fn version(&self) -> Result<String> {
         let v = self.cri.version(v1::VersionRequest::default()).await?;
+        let _ = self.name.set(v.runtime_name.clone());
         Ok(format!("{}://{}", v.runtime_name, v.runtime_version))
+    }
+
+    /// The runtime's name once known (`containerd` until then, the
+    /// runtime the agent is built and tested against).
+    pub fn name(&self) -> &str {
+        self.name.get().map(String::as_str).unwrap_or("containerd")
     }
 
     /// Sandboxes and containers this agent created, all pods at once.
