@@ -34,9 +34,14 @@ fn fast_backoff() -> AgentOptions {
     }
 }
 
+/// The kubelet label selector for one pod's sandboxes and containers.
+fn uid_selector(uid: &str) -> HashMap<String, String> {
+    HashMap::from([("io.kubernetes.pod.uid".to_string(), uid.to_string())])
+}
+
 async fn sandboxes_of(cri: &CriClient, uid: &str) -> Result<Vec<v1::PodSandbox>> {
     let filter = v1::PodSandboxFilter {
-        label_selector: HashMap::from([("io.kubernetes.pod.uid".to_string(), uid.to_string())]),
+        label_selector: uid_selector(uid),
         ..Default::default()
     };
     Ok(cri
@@ -49,7 +54,7 @@ async fn sandboxes_of(cri: &CriClient, uid: &str) -> Result<Vec<v1::PodSandbox>>
 
 async fn containers_of(cri: &CriClient, uid: &str) -> Result<Vec<v1::Container>> {
     let filter = v1::ContainerFilter {
-        label_selector: HashMap::from([("io.kubernetes.pod.uid".to_string(), uid.to_string())]),
+        label_selector: uid_selector(uid),
         ..Default::default()
     };
     Ok(cri

@@ -167,6 +167,26 @@ pub fn pod_references(pod: &Value, resource: &str, name: &str) -> bool {
 /// object (updates, deletes), `new` the one being written.
 ///
 /// # Errors
+/// A node may only change the Node and Lease named after itself.
+fn only_own(
+    node: &str,
+    kind: &str,
+    a: &Attributes,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> Result<(), String> {
+    let target = new
+        .or(old)
+        .and_then(|o| o["metadata"]["name"].as_str())
+        .unwrap_or(&a.name);
+    if target != node {
+        return Err(format!(
+            "node {node:?} is not allowed to modify {kind} {target:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// The 403 message when a node reaches beyond its own objects.
 pub fn admit(
     node: &str,
@@ -175,17 +195,7 @@ pub fn admit(
     new: Option<&Value>,
 ) -> Result<(), String> {
     match (a.group.as_str(), a.resource.as_str()) {
-        ("", "nodes") => {
-            let target = new
-                .or(old)
-                .and_then(|o| o["metadata"]["name"].as_str())
-                .unwrap_or(&a.name);
-            if target != node {
-                return Err(format!(
-                    "node {node:?} is not allowed to modify node {target:?}"
-                ));
-            }
-        }
+        ("", "nodes") => only_own(node, "node", a, old, new)?,
         ("", "pods") => {
             let bound =
                 |o: Option<&Value>| o.and_then(|p| p["spec"]["nodeName"].as_str()) == Some(node);
@@ -219,15 +229,7 @@ pub fn admit(
             }
         }
         ("coordination.k8s.io", "leases") => {
-            let target = new
-                .or(old)
-                .and_then(|o| o["metadata"]["name"].as_str())
-                .unwrap_or(&a.name);
-            if target != node {
-                return Err(format!(
-                    "node {node:?} is not allowed to modify lease {target:?}"
-                ));
-            }
+            only_own(node, "lease", a, old, new)?;
         }
         _ => {}
     }

@@ -110,6 +110,21 @@ impl EtcdStore {
 }
 
 /// The key as read by the else branch of a failed transaction.
+/// Why a compare-and-swap transaction failed: the key is gone, or its
+/// revision moved (the else branch read it back).
+fn cas_failure(key: &str, resp: &etcd_client::TxnResponse, expected: i64) -> Error {
+    match else_kv(resp) {
+        None => Error::NotFound {
+            key: key.to_string(),
+        },
+        Some(kv) => Error::Conflict {
+            key: key.to_string(),
+            expected,
+            actual: kv.mod_revision,
+        },
+    }
+}
+
 fn else_kv(resp: &etcd_client::TxnResponse) -> Option<KeyValue> {
     resp.op_responses().into_iter().find_map(|op| match op {
         TxnOpResponse::Get(g) => g.kvs().first().map(kv_of),
@@ -226,16 +241,7 @@ impl Store for EtcdStore {
             .or_else([TxnOp::get(key, None)]);
         let resp = self.txn(key, "update", txn).await?;
         if !resp.succeeded() {
-            return Err(match else_kv(&resp) {
-                None => Error::NotFound {
-                    key: key.to_string(),
-                },
-                Some(kv) => Error::Conflict {
-                    key: key.to_string(),
-                    expected: expected_revision,
-                    actual: kv.mod_revision,
-                },
-            });
+            return Err(cas_failure(key, &resp, expected_revision));
         }
         let rev = header_rev(resp.header());
         let create_revision = put_prev(&resp).map_or(rev, |p| p.create_revision);
@@ -261,16 +267,11 @@ impl Store for EtcdStore {
             .or_else([TxnOp::get(key, None)]);
         let resp = self.txn(key, "delete", txn).await?;
         if !resp.succeeded() {
-            return Err(match else_kv(&resp) {
-                None => Error::NotFound {
-                    key: key.to_string(),
-                },
-                Some(kv) => Error::Conflict {
-                    key: key.to_string(),
-                    expected: expected_revision.unwrap_or_default(),
-                    actual: kv.mod_revision,
-                },
-            });
+            return Err(cas_failure(
+                key,
+                &resp,
+                expected_revision.unwrap_or_default(),
+            ));
         }
         let rev = header_rev(resp.header());
         let prev = resp.op_responses().into_iter().find_map(|op| match op {
