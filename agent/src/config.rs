@@ -4,6 +4,7 @@
 //! (`staticPodPath`, `containerRuntimeEndpoint`, ...), so an operator's
 //! muscle memory carries over.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -59,6 +60,27 @@ pub struct Config {
     pub max_pods: u32,
     /// How often every pod is re-synced even without an event.
     pub sync_frequency: Duration,
+    /// Credentials of `system:node:NAME`; without one the agent runs
+    /// standalone (static pods only).
+    pub kubeconfig: Option<PathBuf>,
+    /// Register the Node object when joined to an API server.
+    pub register_node: bool,
+    /// Extra labels for the Node at registration.
+    pub node_labels: BTreeMap<String, String>,
+    /// How often node status is computed and posted when it changed.
+    pub node_status_update_frequency: Duration,
+    /// Node status is posted at least this often even when unchanged.
+    pub node_status_report_frequency: Duration,
+    /// The Lease's duration; it is renewed every quarter of it (10 s).
+    pub node_lease_duration_seconds: u32,
+    /// This node's pod CIDR when set by hand (`--pod-cidr`); otherwise the
+    /// Node's `spec.podCIDR` from the API.
+    pub pod_cidr: Option<String>,
+    /// When set, the agent writes the node's CNI configuration (a bridge
+    /// over its pod CIDR) into this directory.
+    pub cni_conf_dir: Option<PathBuf>,
+    /// Bridge name for that CNI configuration.
+    pub cni_bridge: String,
 }
 
 impl Default for Config {
@@ -80,6 +102,15 @@ impl Default for Config {
             cluster_domain: "cluster.local".into(),
             max_pods: 110,
             sync_frequency: Duration::from_secs(10),
+            kubeconfig: None,
+            register_node: true,
+            node_labels: BTreeMap::new(),
+            node_status_update_frequency: Duration::from_secs(10),
+            node_status_report_frequency: Duration::from_secs(300),
+            node_lease_duration_seconds: 40,
+            pod_cidr: None,
+            cni_conf_dir: None,
+            cni_bridge: "skiff0".into(),
         }
     }
 }
@@ -106,6 +137,16 @@ pub struct FileConfig {
     pub cluster_domain: Option<String>,
     pub max_pods: Option<u32>,
     pub sync_frequency: Option<DurationStr>,
+    pub kubeconfig: Option<PathBuf>,
+    pub register_node: Option<bool>,
+    pub node_labels: Option<BTreeMap<String, String>>,
+    pub node_status_update_frequency: Option<DurationStr>,
+    pub node_status_report_frequency: Option<DurationStr>,
+    pub node_lease_duration_seconds: Option<u32>,
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: Option<String>,
+    pub cni_conf_dir: Option<PathBuf>,
+    pub cni_bridge: Option<String>,
 }
 
 impl FileConfig {
@@ -150,6 +191,24 @@ impl FileConfig {
         set!(cluster_domain, self.cluster_domain);
         set!(max_pods, self.max_pods);
         set!(sync_frequency, self.sync_frequency.map(|d| d.0));
+        c.kubeconfig = self.kubeconfig.or(c.kubeconfig.take());
+        set!(register_node, self.register_node);
+        set!(node_labels, self.node_labels);
+        set!(
+            node_status_update_frequency,
+            self.node_status_update_frequency.map(|d| d.0)
+        );
+        set!(
+            node_status_report_frequency,
+            self.node_status_report_frequency.map(|d| d.0)
+        );
+        set!(
+            node_lease_duration_seconds,
+            self.node_lease_duration_seconds
+        );
+        c.pod_cidr = self.pod_cidr.or(c.pod_cidr.take());
+        c.cni_conf_dir = self.cni_conf_dir.or(c.cni_conf_dir.take());
+        set!(cni_bridge, self.cni_bridge);
         if let Some(addr) = self.status_address {
             c.status_address = parse_optional_addr(&addr)?;
         }

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod apiclient;
 pub mod backoff;
 pub mod config;
 pub mod events;

@@ -18,6 +18,8 @@ pub mod metrics;
 pub mod pki;
 pub mod server;
 pub mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use config::Config;
 pub use server::{start, ServerHandle};

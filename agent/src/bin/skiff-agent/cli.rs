@@ -75,4 +75,32 @@ pub struct RunFlags {
     /// How often every pod is re-synced without an event, e.g. 10s.
     #[arg(long)]
     pub sync_frequency: Option<String>,
+    /// Kubeconfig with this node's credentials (system:node:NAME); joins
+    /// the node to the API server.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Register the Node object (true).
+    #[arg(long)]
+    pub register_node: Option<bool>,
+    /// Labels for the Node at registration: key=value,...
+    #[arg(long, value_delimiter = ',')]
+    pub node_labels: Option<Vec<String>>,
+    /// How often node status is checked and posted on change, e.g. 10s.
+    #[arg(long)]
+    pub node_status_update_frequency: Option<String>,
+    /// Node status is posted at least this often, e.g. 5m.
+    #[arg(long)]
+    pub node_status_report_frequency: Option<String>,
+    /// Node Lease duration in seconds (40); renewed every quarter of it.
+    #[arg(long)]
+    pub node_lease_duration_seconds: Option<u32>,
+    /// This node's pod CIDR, when not assigned by the control plane.
+    #[arg(long)]
+    pub pod_cidr: Option<String>,
+    /// Write the node's CNI configuration (bridge over the pod CIDR) here.
+    #[arg(long)]
+    pub cni_conf_dir: Option<PathBuf>,
+    /// Bridge name for that CNI configuration (skiff0).
+    #[arg(long)]
+    pub cni_bridge: Option<String>,
 }

@@ -96,6 +96,44 @@ fn effective_config(f: cli::RunFlags) -> Result<Config> {
     if let Some(v) = f.cluster_domain {
         c.cluster_domain = v;
     }
+    if let Some(v) = f.kubeconfig {
+        c.kubeconfig = Some(v);
+    }
+    if let Some(v) = f.register_node {
+        c.register_node = v;
+    }
+    if let Some(v) = f.node_labels {
+        for kv in v {
+            let (k, val) = kv
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--node-labels: {kv:?} is not key=value"))?;
+            c.node_labels.insert(k.to_string(), val.to_string());
+        }
+    }
+    if let Some(v) = dur(
+        "node-status-update-frequency",
+        &f.node_status_update_frequency,
+    )? {
+        c.node_status_update_frequency = v;
+    }
+    if let Some(v) = dur(
+        "node-status-report-frequency",
+        &f.node_status_report_frequency,
+    )? {
+        c.node_status_report_frequency = v;
+    }
+    if let Some(v) = f.node_lease_duration_seconds {
+        c.node_lease_duration_seconds = v;
+    }
+    if let Some(v) = f.pod_cidr {
+        c.pod_cidr = Some(v);
+    }
+    if let Some(v) = f.cni_conf_dir {
+        c.cni_conf_dir = Some(v);
+    }
+    if let Some(v) = f.cni_bridge {
+        c.cni_bridge = v;
+    }
     Ok(c)
 }
 
