@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -43,6 +44,20 @@ pub struct Settings {
     pub token_auth_file: Option<PathBuf>,
     /// Extra names or addresses for the serving certificate.
     pub tls_san: Option<Vec<String>>,
+    /// Do not run the scheduler in this process (k3s's flag).
+    pub disable_scheduler: Option<bool>,
+    /// Do not run the controllers in this process (k3s's flag).
+    pub disable_controller_manager: Option<bool>,
+    /// Controllers to run: `*`, names, `-name` (kube-controller-manager's).
+    pub controllers: Option<Vec<String>>,
+    pub node_cidr_mask_size: Option<u8>,
+    /// Durations as `5s`, `40s`, `2m`.
+    pub node_monitor_period: Option<String>,
+    pub node_monitor_grace_period: Option<String>,
+    /// Seconds pods tolerate a not-ready / unreachable node before
+    /// eviction (the DefaultTolerationSeconds admission plugin's flags).
+    pub default_not_ready_toleration_seconds: Option<i64>,
+    pub default_unreachable_toleration_seconds: Option<i64>,
 }
 
 impl Settings {
@@ -59,6 +74,22 @@ impl Settings {
             cluster_cidr: self.cluster_cidr.or(other.cluster_cidr),
             token_auth_file: self.token_auth_file.or(other.token_auth_file),
             tls_san: self.tls_san.or(other.tls_san),
+            disable_scheduler: self.disable_scheduler.or(other.disable_scheduler),
+            disable_controller_manager: self
+                .disable_controller_manager
+                .or(other.disable_controller_manager),
+            controllers: self.controllers.or(other.controllers),
+            node_cidr_mask_size: self.node_cidr_mask_size.or(other.node_cidr_mask_size),
+            node_monitor_period: self.node_monitor_period.or(other.node_monitor_period),
+            node_monitor_grace_period: self
+                .node_monitor_grace_period
+                .or(other.node_monitor_grace_period),
+            default_not_ready_toleration_seconds: self
+                .default_not_ready_toleration_seconds
+                .or(other.default_not_ready_toleration_seconds),
+            default_unreachable_toleration_seconds: self
+                .default_unreachable_toleration_seconds
+                .or(other.default_unreachable_toleration_seconds),
         }
     }
 
@@ -91,6 +122,14 @@ pub struct Config {
     pub cluster_cidr: String,
     pub token_auth_file: Option<PathBuf>,
     pub extra_sans: Vec<String>,
+    pub disable_scheduler: bool,
+    pub disable_controller_manager: bool,
+    pub controllers: Vec<String>,
+    pub node_cidr_mask_size: u8,
+    pub node_monitor_period: Duration,
+    pub node_monitor_grace_period: Duration,
+    pub default_not_ready_toleration_seconds: i64,
+    pub default_unreachable_toleration_seconds: i64,
 }
 
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/skiff-server";
@@ -139,7 +178,39 @@ impl Config {
                     .collect()
             })
             .unwrap_or_default();
+        let duration = |field: &'static str, v: Option<String>, default: u64| match v {
+            None => Ok(Duration::from_secs(default)),
+            Some(v) => parse_duration(&v).ok_or(Error::Invalid {
+                field,
+                value: v,
+                why: "not a duration (use 500ms, 40s, 5m, 1h)".into(),
+            }),
+        };
+        let node_cidr_mask_size = s.node_cidr_mask_size.unwrap_or(24);
+        if !(8..=30).contains(&node_cidr_mask_size) {
+            return Err(Error::Invalid {
+                field: "node-cidr-mask-size",
+                value: node_cidr_mask_size.to_string(),
+                why: "must be between 8 and 30".into(),
+            });
+        }
         Ok(Config {
+            node_monitor_period: duration("node-monitor-period", s.node_monitor_period, 5)?,
+            node_monitor_grace_period: duration(
+                "node-monitor-grace-period",
+                s.node_monitor_grace_period,
+                40,
+            )?,
+            node_cidr_mask_size,
+            disable_scheduler: s.disable_scheduler.unwrap_or(false),
+            disable_controller_manager: s.disable_controller_manager.unwrap_or(false),
+            controllers: s.controllers.unwrap_or_else(|| vec!["*".into()]),
+            default_not_ready_toleration_seconds: s
+                .default_not_ready_toleration_seconds
+                .unwrap_or(300),
+            default_unreachable_toleration_seconds: s
+                .default_unreachable_toleration_seconds
+                .unwrap_or(300),
             data_dir: s.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             bind_address,
             secure_port: s.secure_port.unwrap_or(6443),
@@ -150,6 +221,22 @@ impl Config {
             extra_sans: s.tls_san.unwrap_or_default(),
         })
     }
+}
+
+/// `500ms`, `40s`, `5m`, `1h`, or plain seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n.checked_mul(1000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
 }
 
 #[cfg(test)]
@@ -175,5 +262,34 @@ mod tests {
         assert_eq!(c.service_cidr.to_string(), "198.19.0.0/16");
         std::fs::write(&f, "bogus: 1\n").unwrap();
         assert!(Config::resolve(Settings::default(), Some(&f)).is_err());
+    }
+
+    #[test]
+    fn controller_settings_parse_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.yaml");
+        std::fs::write(
+            &f,
+            "node-monitor-grace-period: 8s\ncontrollers: ['*', '-job']\ndisable-scheduler: true\n",
+        )
+        .unwrap();
+        let c = Config::resolve(Settings::default(), Some(&f)).unwrap();
+        assert_eq!(c.node_monitor_grace_period, Duration::from_secs(8));
+        assert_eq!(c.node_monitor_period, Duration::from_secs(5));
+        assert_eq!(c.controllers, vec!["*", "-job"]);
+        assert!(c.disable_scheduler && !c.disable_controller_manager);
+        std::fs::write(&f, "node-monitor-period: soon\n").unwrap();
+        let e = Config::resolve(Settings::default(), Some(&f)).unwrap_err();
+        assert!(e.to_string().contains("node-monitor-period"), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("40s"), Some(Duration::from_secs(40)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("7"), Some(Duration::from_secs(7)));
+        assert_eq!(parse_duration("1d"), None);
+        assert_eq!(parse_duration("s"), None);
     }
 }

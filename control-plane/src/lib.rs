@@ -13,6 +13,7 @@
 
 pub mod apiserver;
 pub mod auth;
+pub mod components;
 pub mod config;
 pub mod metrics;
 pub mod pki;

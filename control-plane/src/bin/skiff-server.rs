@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use skiff_control_plane::config::{Config, Settings};
-use skiff_control_plane::{pki, server, store};
+use skiff_control_plane::{components, pki, server, store};
 
 /// mimalloc instead of glibc malloc: the request path allocates a lot
 /// (JSON values), and glibc's malloc/free took about a quarter of the
@@ -69,6 +69,32 @@ struct ServeArgs {
     /// YAML file with the same keys as the flags; flags win.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// Do not run the scheduler in this process.
+    #[arg(long)]
+    disable_scheduler: bool,
+    /// Do not run the controllers in this process.
+    #[arg(long)]
+    disable_controller_manager: bool,
+    /// Controllers to run: '*' for all, a name to enable, '-name' to
+    /// disable (deployment, replicaset, daemonset, job, nodelifecycle,
+    /// garbagecollector, namespace, endpointslice, nodeipam).
+    #[arg(long, value_delimiter = ',')]
+    controllers: Option<Vec<String>>,
+    /// Size of each node's podCIDR carved from --cluster-cidr [default: 24].
+    #[arg(long)]
+    node_cidr_mask_size: Option<u8>,
+    /// How often node health is checked [default: 5s].
+    #[arg(long)]
+    node_monitor_period: Option<String>,
+    /// A node silent this long is marked NotReady (Unknown) [default: 40s].
+    #[arg(long)]
+    node_monitor_grace_period: Option<String>,
+    /// Seconds a pod tolerates a not-ready node before eviction [default: 300].
+    #[arg(long)]
+    default_not_ready_toleration_seconds: Option<i64>,
+    /// Seconds a pod tolerates an unreachable node before eviction [default: 300].
+    #[arg(long)]
+    default_unreachable_toleration_seconds: Option<i64>,
 }
 
 impl ServeArgs {
@@ -82,6 +108,14 @@ impl ServeArgs {
             cluster_cidr: self.cluster_cidr.clone(),
             token_auth_file: self.token_auth_file.clone(),
             tls_san: (!self.tls_san.is_empty()).then(|| self.tls_san.clone()),
+            disable_scheduler: self.disable_scheduler.then_some(true),
+            disable_controller_manager: self.disable_controller_manager.then_some(true),
+            controllers: self.controllers.clone(),
+            node_cidr_mask_size: self.node_cidr_mask_size,
+            node_monitor_period: self.node_monitor_period.clone(),
+            node_monitor_grace_period: self.node_monitor_grace_period.clone(),
+            default_not_ready_toleration_seconds: self.default_not_ready_toleration_seconds,
+            default_unreachable_toleration_seconds: self.default_unreachable_toleration_seconds,
         };
         Config::resolve(flags, self.config.as_deref()).context("resolving configuration")
     }
@@ -124,6 +158,9 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // The in-process scheduler and controllers use kube's rustls client,
+    // which needs the process-wide provider chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     rt.block_on(run(cli))
 }
@@ -199,12 +236,16 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let handle = server::start(&cfg, st)
         .await
         .context("starting skiff-server")?;
+    let components = components::start(&cfg, &cfg.data_dir, &handle.url)
+        .await
+        .context("starting the scheduler and controllers")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing SIGTERM handler")?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
     }
+    components.shutdown().await;
     // A second signal forces the exit while the drain runs.
     tokio::select! {
         _ = handle.shutdown() => {}

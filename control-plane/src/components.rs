@@ -1,0 +1,93 @@
+//! The scheduler and the controller manager, run inside skiff-server the
+//! way k3s does, but as API clients over loopback, each with its own
+//! client certificate (`system:kube-scheduler`,
+//! `system:kube-controller-manager`), so RBAC and the API's semantics
+//! apply to them exactly as to any other client.
+
+use std::path::Path;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::Config;
+use crate::pki::{self, Pki};
+
+/// Why a component could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Pki(#[from] pki::Error),
+    #[error("building the {user} client: {source}")]
+    Kubeconfig {
+        user: &'static str,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("building the {user} client: {source}")]
+    Client {
+        user: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The running components; dropping it does not stop them, `shutdown` does.
+pub struct Components {
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl Components {
+    /// Stop every component and wait for them.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// A client for `user`, signed by the cluster CA, talking to `url`.
+async fn client(pki: &Pki, url: &str, user: &'static str) -> Result<kube::Client, Error> {
+    let text = pki.kubeconfig(url, user, &[])?;
+    let kc = kube::config::Kubeconfig::from_yaml(&text)
+        .map_err(|source| Error::Kubeconfig { user, source })?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|source| Error::Kubeconfig { user, source })?;
+    kube::Client::try_from(cfg).map_err(|source| Error::Client { user, source })
+}
+
+/// Start what `cfg` enables against the server at `url`.
+///
+/// # Errors
+/// The CA cannot sign the components' certificates.
+pub async fn start(cfg: &Config, data_dir: &Path, url: &str) -> Result<Components, Error> {
+    let pki = Pki::load_or_create(data_dir)?;
+    let (stop, stopped) = watch::channel(false);
+    let until_stopped = move || {
+        let mut rx = stopped.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let mut tasks = JoinSet::new();
+    if !cfg.disable_scheduler {
+        let c = client(&pki, url, "system:kube-scheduler").await?;
+        tasks.spawn(skiff_scheduler::run(
+            c,
+            skiff_scheduler::Config::default(),
+            until_stopped(),
+        ));
+    }
+    if !cfg.disable_controller_manager {
+        let c = client(&pki, url, "system:kube-controller-manager").await?;
+        let controllers = skiff_controllers::Config {
+            controllers: cfg.controllers.clone(),
+            cluster_cidr: Some(cfg.cluster_cidr.clone()),
+            node_cidr_mask_size: cfg.node_cidr_mask_size,
+            node_monitor_period: cfg.node_monitor_period,
+            node_monitor_grace_period: cfg.node_monitor_grace_period,
+        };
+        tasks.spawn(skiff_controllers::run(c, controllers, until_stopped()));
+    }
+    Ok(Components { stop, tasks })
+}
