@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+pub mod cidrset;
 pub mod daemonset;
 pub mod deployment;
 pub mod endpointslice;
 pub mod events;
 pub mod gc;
+pub mod informer;
 pub mod job;
 pub mod namespace;
 pub mod nodeipam;
