@@ -165,6 +165,10 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         ApiConfig {
             service_cidr: cfg.service_cidr,
             advertise: Some((advertise_ip(cfg), addr.port())),
+            default_toleration_seconds: crate::apiserver::defaults::DefaultTolerationSeconds {
+                not_ready: cfg.default_not_ready_toleration_seconds,
+                unreachable: cfg.default_unreachable_toleration_seconds,
+            },
         },
         authn,
         metrics,

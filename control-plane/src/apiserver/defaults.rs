@@ -133,7 +133,8 @@ fn template(spec: &mut Map<String, Value>) {
 }
 
 /// Pod spec defaults. `admission` adds what admission plugins add to real
-/// pods but not to templates (service account, default tolerations).
+/// pods but not to templates (service account; the default tolerations
+/// are [`default_tolerations`], applied on create only).
 pub fn pod_spec(spec: &mut Map<String, Value>, admission: bool) {
     set(spec, "restartPolicy", json!("Always"));
     set(spec, "terminationGracePeriodSeconds", json!(30));
@@ -150,31 +151,69 @@ pub fn pod_spec(spec: &mut Map<String, Value>, admission: bool) {
             .cloned()
             .unwrap_or(json!("default"));
         set(spec, "serviceAccount", sa);
-        // DefaultTolerationSeconds admission: evict after 5 minutes on an
-        // unreachable or not-ready node unless the pod says otherwise.
-        let tol = spec.entry("tolerations").or_insert_with(|| json!([]));
-        if let Some(list) = tol.as_array_mut() {
-            for key in [
-                "node.kubernetes.io/not-ready",
-                "node.kubernetes.io/unreachable",
-            ] {
-                let has = list.iter().any(|t| {
-                    t.get("key").and_then(Value::as_str) == Some(key)
-                        && t.get("effect")
-                            .and_then(Value::as_str)
-                            .is_none_or(|e| e == "NoExecute")
-                });
-                if !has {
-                    list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
-                }
-            }
-        }
     }
     for field in ["containers", "initContainers"] {
         if let Some(cs) = spec.get_mut(field).and_then(Value::as_array_mut) {
             for c in cs.iter_mut().filter_map(Value::as_object_mut) {
                 container(c);
             }
+        }
+    }
+}
+
+/// The DefaultTolerationSeconds admission plugin's settings
+/// (`--default-not-ready-toleration-seconds`,
+/// `--default-unreachable-toleration-seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefaultTolerationSeconds {
+    pub not_ready: i64,
+    pub unreachable: i64,
+}
+
+impl Default for DefaultTolerationSeconds {
+    /// Upstream's 300 s for both.
+    fn default() -> Self {
+        DefaultTolerationSeconds {
+            not_ready: 300,
+            unreachable: 300,
+        }
+    }
+}
+
+pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
+pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+/// DefaultTolerationSeconds admission, on pod create: a pod that does not
+/// already tolerate the not-ready / unreachable NoExecute taints gets a
+/// toleration for each with `tolerationSeconds`, so that the node
+/// lifecycle controller evicts it that long after its node fails.
+/// A toleration with an empty key or effect counts as tolerating (as
+/// upstream's plugin checks).
+pub fn default_tolerations(def: &ResourceDef, obj: &mut Value, secs: &DefaultTolerationSeconds) {
+    if !(def.group.is_empty() && def.kind == "Pod") {
+        return;
+    }
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let tol = spec.entry("tolerations").or_insert_with(|| json!([]));
+    if tol.is_null() {
+        *tol = json!([]);
+    }
+    let Some(list) = tol.as_array_mut() else {
+        return;
+    };
+    for (key, seconds) in [
+        (TAINT_NOT_READY, secs.not_ready),
+        (TAINT_UNREACHABLE, secs.unreachable),
+    ] {
+        let tolerated = list.iter().any(|t| {
+            let k = t.get("key").and_then(Value::as_str).unwrap_or_default();
+            let e = t.get("effect").and_then(Value::as_str).unwrap_or_default();
+            (k == key || k.is_empty()) && (e == "NoExecute" || e.is_empty())
+        });
+        if !tolerated {
+            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}));
         }
     }
 }
@@ -258,5 +297,32 @@ mod tests {
         apply(lookup("apps", "v1", "deployments").unwrap(), &mut d);
         assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
         assert_eq!(d["spec"]["replicas"], 1);
+    }
+
+    #[test]
+    fn default_tolerations_only_where_missing() {
+        let pods = lookup("", "v1", "pods").unwrap();
+        let secs = DefaultTolerationSeconds {
+            not_ready: 7,
+            unreachable: 9,
+        };
+        let mut pod = json!({"spec": {"tolerations": [
+            {"key": TAINT_UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2}
+        ]}});
+        default_tolerations(pods, &mut pod, &secs);
+        assert_eq!(
+            pod["spec"]["tolerations"],
+            json!([
+                {"key": TAINT_UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2},
+                {"key": TAINT_NOT_READY, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 7},
+            ])
+        );
+        // Tolerating everything (empty key, empty effect) needs nothing more.
+        let mut all = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
+        default_tolerations(pods, &mut all, &secs);
+        assert_eq!(all["spec"]["tolerations"].as_array().unwrap().len(), 1);
+        let mut bare = json!({"spec": {}});
+        default_tolerations(pods, &mut bare, &secs);
+        assert_eq!(bare["spec"]["tolerations"][1]["tolerationSeconds"], 9);
     }
 }

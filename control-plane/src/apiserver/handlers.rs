@@ -409,6 +409,7 @@ async fn create_value_stored(
     }
     reset_status_on_create(def, &mut obj);
     defaults::apply(def, &mut obj);
+    defaults::default_tolerations(def, &mut obj, &api.default_toleration_seconds);
     if def.is("batch", "jobs") {
         job_selector(&mut obj);
     }

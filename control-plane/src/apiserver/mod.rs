@@ -61,6 +61,8 @@ pub struct ApiConfig {
     /// Address and port pods reach the API on: the `kubernetes` service's
     /// endpoints.
     pub advertise: Option<(std::net::IpAddr, u16)>,
+    /// What the DefaultTolerationSeconds admission gives new pods.
+    pub default_toleration_seconds: defaults::DefaultTolerationSeconds,
 }
 
 /// The API server: shared by every connection.
@@ -71,6 +73,7 @@ pub struct ApiServer {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ips: ipalloc::Allocator,
     pub(crate) advertise: Option<(std::net::IpAddr, u16)>,
+    pub(crate) default_toleration_seconds: defaults::DefaultTolerationSeconds,
     /// Namespaces found active, and when (namespace lifecycle admission).
     active_namespaces: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
     /// Flips to true on shutdown; watch streams end when it does.
@@ -131,6 +134,7 @@ impl ApiServer {
             metrics,
             ips: ipalloc::Allocator::new(cfg.service_cidr),
             advertise: cfg.advertise,
+            default_toleration_seconds: cfg.default_toleration_seconds,
             active_namespaces: Default::default(),
             shutdown,
         })
