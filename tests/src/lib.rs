@@ -33,6 +33,7 @@ pub mod agent;
 pub mod cleanup;
 pub mod containerd;
 pub mod images;
+pub mod rawcri;
 pub mod registry;
 
 pub use containerd::{Containerd, ContainerdBuilder};
