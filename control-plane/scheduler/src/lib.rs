@@ -1,24 +1,82 @@
 //! The scheduler: for each pod without a node, filter the nodes, score the
 //! ones left, and bind through pods/binding.
+//!
+//! # Layout
+//!
+//! - [`quantity`], [`resources`]: resource amounts, a pod's requests, a
+//!   node's allocatable.
+//! - [`podinfo`], [`nodeinfo`]: a pod's and a node's scheduling facts.
+//! - [`cache`]: nodes with the pods bound or assumed on them.
+//! - [`filter`], [`score`]: the pure decision functions, and the
+//!   FailedScheduling message.
+//! - [`queue`]: pending pods, back-off and unschedulable parking.
+//! - [`bind`]: the pods/binding write.
+//! - [`events`]: events and the PodScheduled condition.
+//! - `informer`: the node and pod watches.
+//! - `scheduler`: the loop that ties them together.
+
+#![forbid(unsafe_code)]
 
 use std::future::Future;
+use std::time::Duration;
+
+pub mod bind;
+pub mod cache;
+pub mod events;
+pub mod filter;
+mod informer;
+pub mod nodeinfo;
+pub mod podinfo;
+pub mod quantity;
+pub mod queue;
+pub mod resources;
+mod scheduler;
+pub mod score;
 
 /// Scheduler settings.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Pods whose `spec.schedulerName` is this are ours.
+    /// Pods whose `spec.schedulerName` is this are ours; also the
+    /// reporting controller of our events.
     pub scheduler_name: String,
+    /// Bindings (one POST each) in flight at once. Decisions stay
+    /// sequential; this only overlaps the round trips.
+    pub max_binds_in_flight: usize,
+    /// Back-off after the first failed attempt; doubles per attempt
+    /// (upstream podInitialBackoff, 1 s).
+    pub initial_backoff: Duration,
+    /// Back-off cap (upstream podMaxBackoff, 10 s).
+    pub max_backoff: Duration,
+    /// How long an unschedulable pod waits for a node or pod change
+    /// before it is tried again anyway (upstream
+    /// podMaxInUnschedulablePodsDuration, 5 minutes).
+    pub unschedulable_timeout: Duration,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             scheduler_name: "default-scheduler".into(),
+            max_binds_in_flight: 32,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(10),
+            unschedulable_timeout: Duration::from_secs(300),
         }
     }
 }
 
 /// Schedule pods until `shutdown` resolves.
-pub async fn run(_client: kube::Client, _config: Config, shutdown: impl Future<Output = ()>) {
-    shutdown.await;
+///
+/// Watches nodes and pods with `client` (which should act as
+/// `system:kube-scheduler`), binds every pending pod whose
+/// `spec.schedulerName` is `config.scheduler_name` to a node that fits,
+/// and records `Scheduled` / `FailedScheduling` events.
+///
+/// # Guarantees
+///
+/// API errors never end it: watches re-list with back-off, failed
+/// bindings are retried with back-off. On shutdown, bindings already in
+/// flight get a few seconds to land.
+pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Output = ()>) {
+    scheduler::run(client, config, shutdown).await;
 }

@@ -1,0 +1,196 @@
+//! The scheduler's picture of the cluster: every node with the pods bound
+//! to it, including the ones this scheduler has just decided on but the
+//! watch has not shown bound yet ("assumed" pods, as upstream's cache
+//! has). Counting assumed pods is what keeps a burst of decisions from
+//! overcommitting a node before the API catches up.
+//!
+//! Owned by the scheduling loop alone: no locks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::nodeinfo::NodeInfo;
+use crate::podinfo::PodInfo;
+
+/// Why a pod is counted on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodState {
+    /// This scheduler chose the node; the binding is in flight or done
+    /// but not yet seen through the watch.
+    Assumed,
+    /// The watch showed the pod bound to the node.
+    Bound,
+}
+
+#[derive(Debug)]
+struct PodEntry {
+    info: Arc<PodInfo>,
+    node: String,
+    state: PodState,
+}
+
+/// Nodes and the pods that take room on them.
+#[derive(Debug, Default)]
+pub struct Cache {
+    /// By name; a BTreeMap so that iteration order is stable.
+    nodes: BTreeMap<String, NodeInfo>,
+    /// Pods counted on some node, by UID.
+    pods: HashMap<String, PodEntry>,
+}
+
+impl Cache {
+    /// Add or update a node. Returns true when the change may let pods
+    /// fit that did not before.
+    pub fn upsert_node(&mut self, node: Node) -> bool {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        self.nodes
+            .entry(name.clone())
+            .or_insert_with(|| NodeInfo::new(&name))
+            .set_node(node)
+    }
+
+    /// The Node object is gone; its pods stay counted until they go too.
+    pub fn remove_node(&mut self, name: &str) {
+        if let Some(n) = self.nodes.get_mut(name) {
+            n.clear_node();
+            if n.is_empty() {
+                self.nodes.remove(name);
+            }
+        }
+    }
+
+    /// Names of the nodes whose Node object is known.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes().map(|n| n.name.clone()).collect()
+    }
+
+    /// Nodes whose Node object is known: the candidates.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes.values().filter(|n| n.node.is_some())
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeInfo> {
+        self.nodes.get(name)
+    }
+
+    /// How many candidate nodes there are.
+    pub fn node_count(&self) -> usize {
+        self.nodes().count()
+    }
+
+    /// Count `pod` on `node` before the binding is confirmed.
+    pub fn assume(&mut self, pod: Arc<PodInfo>, node: &str) {
+        self.place(pod, node, PodState::Assumed);
+    }
+
+    /// Undo [`Cache::assume`] after a failed binding, unless the watch
+    /// has meanwhile shown the pod bound (somewhere) or deleted. Returns
+    /// the pod's info when it was un-assumed.
+    pub fn forget(&mut self, uid: &str, node: &str) -> Option<Arc<PodInfo>> {
+        match self.pods.get(uid) {
+            Some(e) if e.state == PodState::Assumed && e.node == node => self.remove_pod(uid),
+            _ => None,
+        }
+    }
+
+    /// The state of a pod this cache counts, if it does.
+    pub fn pod_state(&self, uid: &str) -> Option<PodState> {
+        self.pods.get(uid).map(|e| e.state)
+    }
+
+    /// The watch shows `pod` bound to `node`: count it there (replacing
+    /// an assumed or older entry).
+    pub fn set_bound(&mut self, pod: Arc<PodInfo>, node: &str) {
+        self.place(pod, node, PodState::Bound);
+    }
+
+    fn place(&mut self, pod: Arc<PodInfo>, node: &str, state: PodState) {
+        self.remove_pod(&pod.uid);
+        self.nodes
+            .entry(node.to_string())
+            .or_insert_with(|| NodeInfo::new(node))
+            .add_pod(&pod);
+        self.pods.insert(
+            pod.uid.clone(),
+            PodEntry {
+                info: pod,
+                node: node.to_string(),
+                state,
+            },
+        );
+    }
+
+    /// Stop counting a pod (deleted, or finished). Returns its info when
+    /// it was counted.
+    pub fn remove_pod(&mut self, uid: &str) -> Option<Arc<PodInfo>> {
+        let e = self.pods.remove(uid)?;
+        if let Some(n) = self.nodes.get_mut(&e.node) {
+            n.remove_pod(&e.info);
+            if n.is_empty() {
+                self.nodes.remove(&e.node);
+            }
+        }
+        Some(e.info)
+    }
+
+    /// UIDs of every counted pod (for reconciling after a re-list).
+    pub fn pod_uids(&self) -> Vec<String> {
+        self.pods.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(uid: &str, cpu: &str) -> Arc<PodInfo> {
+        Arc::new(PodInfo::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    }
+
+    #[test]
+    fn assume_confirm_and_forget() {
+        let mut c = Cache::default();
+        c.upsert_node(node("a"));
+        c.upsert_node(node("b"));
+        c.assume(pod("p1", "1"), "a");
+        c.assume(pod("p2", "1"), "a");
+        assert_eq!(c.node("a").unwrap().requested.cpu, 2000);
+        // The watch shows p1 bound to b (another scheduler won): moved.
+        c.set_bound(pod("p1", "1"), "b");
+        assert_eq!(c.node("a").unwrap().requested.cpu, 1000);
+        assert_eq!(c.node("b").unwrap().requested.cpu, 1000);
+        // A late bind failure for p1 on a must not undo the bound entry.
+        assert!(c.forget("p1", "a").is_none());
+        assert_eq!(c.pod_state("p1"), Some(PodState::Bound));
+        assert!(c.forget("p2", "a").is_some());
+        assert_eq!(c.node("a").unwrap().requested.cpu, 0);
+    }
+
+    #[test]
+    fn pods_on_unknown_nodes_are_kept_but_not_candidates() {
+        let mut c = Cache::default();
+        c.set_bound(pod("p1", "1"), "ghost");
+        assert_eq!(c.node_count(), 0);
+        c.upsert_node(node("ghost"));
+        assert_eq!(c.node_count(), 1);
+        assert_eq!(c.node("ghost").unwrap().requested.cpu, 1000);
+        c.remove_node("ghost");
+        assert_eq!(c.node_count(), 0);
+        assert!(c.node("ghost").is_some(), "its pod is still counted");
+        c.remove_pod("p1");
+        assert!(c.node("ghost").is_none());
+    }
+}

@@ -1,0 +1,546 @@
+//! Filters: can this pod run on this node? Pure functions of the pod's
+//! and node's facts, run in upstream's plugin order (NodeUnschedulable,
+//! TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit) and
+//! stopping at the first that fails, so that each node adds the reasons
+//! of one filter to the FailedScheduling message, as upstream's do.
+//!
+//! The happy path allocates nothing: reasons are borrowed and only
+//! formatted when no node fits.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{
+    NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
+};
+
+use crate::nodeinfo::{NodeInfo, Readiness};
+use crate::podinfo::PodInfo;
+
+/// The taint the node lifecycle controller puts on a node whose Ready
+/// condition is False; the filters treat a not-ready node as carrying it
+/// even before the controller has acted, so that only pods tolerating it
+/// (DaemonSet pods) land there.
+pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
+/// Likewise for Ready=Unknown (or no Ready condition yet).
+pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+/// The taint that stands for `spec.unschedulable` in tolerations.
+pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+
+/// Why a node was filtered out. `Display` gives upstream's wording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason<'a> {
+    /// `spec.unschedulable` (cordoned) and not tolerated.
+    Unschedulable,
+    /// The first NoSchedule/NoExecute taint the pod does not tolerate.
+    Taint { key: &'a str, value: &'a str },
+    /// nodeSelector or required node affinity not met.
+    NodeAffinity,
+    /// A requested host port is taken.
+    HostPorts,
+    /// Allocatable pods reached.
+    TooManyPods,
+    /// Not enough of a resource left.
+    Insufficient(&'a str),
+}
+
+impl fmt::Display for Reason<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Unschedulable => f.write_str("node(s) were unschedulable"),
+            Reason::Taint { key, value } => {
+                write!(f, "node(s) had untolerated taint {{{key}: {value}}}")
+            }
+            Reason::NodeAffinity => {
+                f.write_str("node(s) didn't match Pod's node affinity/selector")
+            }
+            Reason::HostPorts => {
+                f.write_str("node(s) didn't have free ports for the requested pod ports")
+            }
+            Reason::TooManyPods => f.write_str("Too many pods"),
+            Reason::Insufficient(r) => write!(f, "Insufficient {r}"),
+        }
+    }
+}
+
+/// Run the filters for `pod` on `node`; `report` receives the reasons of
+/// the first filter that fails. Returns true when the pod fits.
+pub fn check<'a>(
+    pod: &'a PodInfo,
+    node: &'a NodeInfo,
+    report: &mut impl FnMut(Reason<'a>),
+) -> bool {
+    let Some(spec) = pod.spec() else {
+        return false;
+    };
+    let tolerations = spec.tolerations.as_deref().unwrap_or(&[]);
+    if let Some(r) = unschedulable(tolerations, node) {
+        report(r);
+        return false;
+    }
+    if let Some(r) = untolerated_taint(tolerations, node) {
+        report(r);
+        return false;
+    }
+    if !node_affinity(spec, node) {
+        report(Reason::NodeAffinity);
+        return false;
+    }
+    if !ports_free(pod, node) {
+        report(Reason::HostPorts);
+        return false;
+    }
+    resources_fit(pod, node, report)
+}
+
+/// True when `pod` fits `node`.
+pub fn fits(pod: &PodInfo, node: &NodeInfo) -> bool {
+    check(pod, node, &mut |_| {})
+}
+
+fn unschedulable<'a>(tolerations: &[Toleration], node: &NodeInfo) -> Option<Reason<'a>> {
+    let tolerated = || {
+        tolerations
+            .iter()
+            .any(|t| tolerates(t, TAINT_UNSCHEDULABLE, "", "NoSchedule"))
+    };
+    (node.unschedulable && !tolerated()).then_some(Reason::Unschedulable)
+}
+
+/// Upstream `Toleration.ToleratesTaint`: an empty effect matches every
+/// effect, an empty key with `Exists` matches every taint.
+pub fn tolerates(t: &Toleration, key: &str, value: &str, effect: &str) -> bool {
+    if let Some(e) = t.effect.as_deref().filter(|e| !e.is_empty()) {
+        if e != effect {
+            return false;
+        }
+    }
+    if let Some(k) = t.key.as_deref().filter(|k| !k.is_empty()) {
+        if k != key {
+            return false;
+        }
+    }
+    match t.operator.as_deref().unwrap_or("") {
+        "" | "Equal" => t.value.as_deref().unwrap_or("") == value,
+        "Exists" => true,
+        _ => false,
+    }
+}
+
+fn blocks_scheduling(effect: &str) -> bool {
+    effect == "NoSchedule" || effect == "NoExecute"
+}
+
+fn untolerated_taint<'a>(tolerations: &[Toleration], node: &'a NodeInfo) -> Option<Reason<'a>> {
+    let taints = node.taints();
+    let untolerated = |t: &Taint| {
+        blocks_scheduling(&t.effect)
+            && !tolerations
+                .iter()
+                .any(|tol| tolerates(tol, &t.key, t.value.as_deref().unwrap_or(""), &t.effect))
+    };
+    if let Some(t) = taints.iter().find(|t| untolerated(t)) {
+        return Some(Reason::Taint {
+            key: &t.key,
+            value: t.value.as_deref().unwrap_or(""),
+        });
+    }
+    let condition_taint = match node.readiness {
+        Readiness::Ready => return None,
+        Readiness::NotReady => TAINT_NOT_READY,
+        Readiness::Unknown => TAINT_UNREACHABLE,
+    };
+    // Already tainted by the node lifecycle controller: judged above.
+    if taints.iter().any(|t| t.key == condition_taint) {
+        return None;
+    }
+    let tolerated = tolerations
+        .iter()
+        .any(|t| tolerates(t, condition_taint, "", "NoSchedule"));
+    (!tolerated).then_some(Reason::Taint {
+        key: condition_taint,
+        value: "",
+    })
+}
+
+/// nodeSelector and required node affinity (upstream NodeAffinity).
+pub fn node_affinity(spec: &PodSpec, node: &NodeInfo) -> bool {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    let labels = node.labels().unwrap_or(&EMPTY);
+    if let Some(sel) = &spec.node_selector {
+        if !sel.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            return false;
+        }
+    }
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    match required {
+        // Terms are ORed; an empty list matches nothing.
+        Some(r) => r
+            .node_selector_terms
+            .iter()
+            .any(|t| term_matches(t, labels, &node.name)),
+        None => true,
+    }
+}
+
+/// One nodeSelectorTerm: its expressions and fields are ANDed; a term
+/// with neither matches nothing (upstream `NodeSelectorRequirementsAsSelector`).
+fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>, name: &str) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
+    let fields = term.match_fields.as_deref().unwrap_or(&[]);
+    if exprs.is_empty() && fields.is_empty() {
+        return false;
+    }
+    exprs
+        .iter()
+        .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
+        && fields.iter().all(|r| {
+            // Only metadata.name is a supported field, with In/NotIn.
+            r.key == "metadata.name"
+                && matches!(r.operator.as_str(), "In" | "NotIn")
+                && requirement_matches(r, Some(name))
+        })
+}
+
+/// One requirement against the value of its key (`None`: absent).
+fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or(&[]);
+    let int_cmp = |want: std::cmp::Ordering| {
+        let (Some(v), [bound]) = (value, values) else {
+            return false;
+        };
+        match (v.parse::<i64>(), bound.parse::<i64>()) {
+            (Ok(v), Ok(b)) => v.cmp(&b) == want,
+            _ => false,
+        }
+    };
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" => int_cmp(std::cmp::Ordering::Greater),
+        "Lt" => int_cmp(std::cmp::Ordering::Less),
+        _ => false,
+    }
+}
+
+fn ports_free(pod: &PodInfo, node: &NodeInfo) -> bool {
+    pod.host_ports
+        .iter()
+        .all(|want| !node.host_ports.iter().any(|used| used.conflicts(want)))
+}
+
+/// Upstream NodeResourcesFit: pod count, then every resource the pod
+/// requests (a resource it does not request never blocks it, even on an
+/// overcommitted node). Reports every insufficient resource.
+fn resources_fit<'a>(
+    pod: &'a PodInfo,
+    node: &'a NodeInfo,
+    report: &mut impl FnMut(Reason<'a>),
+) -> bool {
+    let mut ok = true;
+    if node.pod_count + 1 > node.allowed_pods {
+        report(Reason::TooManyPods);
+        ok = false;
+    }
+    let req = &pod.requests;
+    let (alloc, used) = (&node.allocatable, &node.requested);
+    if req.cpu > 0 && req.cpu > alloc.cpu - used.cpu {
+        report(Reason::Insufficient("cpu"));
+        ok = false;
+    }
+    if req.memory > 0 && req.memory > alloc.memory - used.memory {
+        report(Reason::Insufficient("memory"));
+        ok = false;
+    }
+    for (name, want) in &req.scalars {
+        if *want > 0 && *want > alloc.scalar(name) - used.scalar(name) {
+            report(Reason::Insufficient(name));
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// Upstream's FailedScheduling message: "0/N nodes are available: " and
+/// the histogram of reasons as "COUNT REASON" strings sorted as strings
+/// (upstream `FitError.Error`), e.g. "0/3 nodes are available: 1 node(s)
+/// had untolerated taint {k: v}, 2 Insufficient cpu."
+pub fn fit_error<'a>(pod: &'a PodInfo, nodes: impl Iterator<Item = &'a NodeInfo>) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut total = 0;
+    for node in nodes {
+        total += 1;
+        check(pod, node, &mut |r| {
+            *counts.entry(r.to_string()).or_default() += 1
+        });
+    }
+    if total == 0 {
+        return "no nodes available to schedule pods".to_string();
+    }
+    let mut parts: Vec<String> = counts.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    parts.sort();
+    format!("0/{total} nodes are available: {}.", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use serde_json::{json, Value};
+
+    fn node(name: &str, extra: Value) -> NodeInfo {
+        let mut v = json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {},
+            "status": {"allocatable": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        merge(&mut v, extra);
+        let mut n = NodeInfo::new(name);
+        n.set_node(serde_json::from_value::<Node>(v).unwrap());
+        n
+    }
+
+    fn pod(spec: Value) -> PodInfo {
+        let mut v = json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}
+        });
+        merge(&mut v, json!({ "spec": spec }));
+        PodInfo::new(serde_json::from_value::<Pod>(v).unwrap())
+    }
+
+    fn merge(a: &mut Value, b: Value) {
+        match (a, b) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn reasons(p: &PodInfo, n: &NodeInfo) -> Vec<String> {
+        let mut out = Vec::new();
+        check(p, n, &mut |r| out.push(r.to_string()));
+        out
+    }
+
+    fn requesting(cpu: &str, memory: &str) -> PodInfo {
+        pod(json!({"containers": [{"name": "c", "image": "i",
+            "resources": {"requests": {"cpu": cpu, "memory": memory}}}]}))
+    }
+
+    #[test]
+    fn resources_fit_against_allocatable_minus_requested() {
+        let mut n = node("n", json!({}));
+        let p = requesting("1500m", "1Gi");
+        assert!(fits(&p, &n));
+        n.add_pod(&p);
+        assert_eq!(reasons(&p, &n), ["Insufficient cpu"]);
+        let big = requesting("100m", "8Gi");
+        assert_eq!(reasons(&big, &n), ["Insufficient memory"]);
+        let both = requesting("1", "8Gi");
+        assert_eq!(
+            reasons(&both, &n),
+            ["Insufficient cpu", "Insufficient memory"]
+        );
+        // A pod requesting nothing fits an overcommitted node.
+        assert!(fits(&pod(json!({})), &n));
+    }
+
+    #[test]
+    fn max_pods() {
+        let mut n = node("n", json!({"status": {"allocatable": {"pods": "1"}}}));
+        let p = pod(json!({}));
+        assert!(fits(&p, &n));
+        n.add_pod(&p);
+        assert_eq!(reasons(&p, &n), ["Too many pods"]);
+    }
+
+    #[test]
+    fn extended_resources() {
+        let n = node(
+            "n",
+            json!({"status": {"allocatable": {"example.com/gpu": "1"}}}),
+        );
+        let p = pod(json!({"containers": [{"name": "c", "image": "i",
+            "resources": {"requests": {"example.com/gpu": "2"}}}]}));
+        assert_eq!(reasons(&p, &n), ["Insufficient example.com/gpu"]);
+    }
+
+    #[test]
+    fn readiness_and_cordon() {
+        let p = pod(json!({}));
+        let not_ready = node(
+            "n",
+            json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        );
+        assert_eq!(
+            reasons(&p, &not_ready),
+            ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]
+        );
+        let unknown = node("n", json!({"status": {"conditions": []}}));
+        assert!(!fits(&p, &unknown));
+        let daemon = pod(json!({"tolerations": [
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]}));
+        assert!(fits(&daemon, &not_ready));
+        let cordoned = node("n", json!({"spec": {"unschedulable": true}}));
+        assert_eq!(reasons(&p, &cordoned), ["node(s) were unschedulable"]);
+        let tolerant = pod(
+            json!({"tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]}),
+        );
+        assert!(fits(&tolerant, &cordoned));
+    }
+
+    #[test]
+    fn taints_and_tolerations() {
+        let n = node(
+            "n",
+            json!({"spec": {"taints": [
+            {"key": "soft", "value": "x", "effect": "PreferNoSchedule"},
+            {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}),
+        );
+        assert_eq!(
+            reasons(&pod(json!({})), &n),
+            ["node(s) had untolerated taint {dedicated: gpu}"]
+        );
+        let cases = [
+            (
+                json!({"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}),
+                true,
+            ),
+            (json!({"key": "dedicated", "value": "gpu"}), true),
+            (json!({"key": "dedicated", "operator": "Exists"}), true),
+            (json!({"operator": "Exists"}), true),
+            (json!({"key": "dedicated", "value": "cpu"}), false),
+            (
+                json!({"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}),
+                false,
+            ),
+            (json!({"key": "other", "operator": "Exists"}), false),
+        ];
+        for (tol, ok) in cases {
+            let p = pod(json!({"tolerations": [tol.clone()]}));
+            assert_eq!(fits(&p, &n), ok, "{tol}");
+        }
+    }
+
+    #[test]
+    fn node_selector_and_affinity() {
+        let n = node(
+            "n1",
+            json!({"metadata": {"labels": {"disk": "ssd", "cores": "8"}}}),
+        );
+        let sel = |s: Value| pod(json!({"nodeSelector": s}));
+        assert!(fits(&sel(json!({"disk": "ssd"})), &n));
+        assert_eq!(
+            reasons(&sel(json!({"disk": "hdd"})), &n),
+            ["node(s) didn't match Pod's node affinity/selector"]
+        );
+        let aff = |terms: Value| {
+            pod(
+                json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}),
+            )
+        };
+        let expr = |key: &str, op: &str, values: Value| {
+            aff(json!([{"matchExpressions": [{"key": key, "operator": op, "values": values}]}]))
+        };
+        let cases = [
+            (expr("disk", "In", json!(["ssd", "nvme"])), true),
+            (expr("disk", "In", json!(["hdd"])), false),
+            (expr("disk", "NotIn", json!(["hdd"])), true),
+            (expr("missing", "NotIn", json!(["x"])), true),
+            (expr("disk", "NotIn", json!(["ssd"])), false),
+            (expr("disk", "Exists", json!(null)), true),
+            (expr("missing", "Exists", json!(null)), false),
+            (expr("missing", "DoesNotExist", json!(null)), true),
+            (expr("disk", "DoesNotExist", json!(null)), false),
+            (expr("cores", "Gt", json!(["4"])), true),
+            (expr("cores", "Gt", json!(["8"])), false),
+            (expr("cores", "Lt", json!(["16"])), true),
+            (expr("disk", "Gt", json!(["1"])), false),
+            (expr("missing", "Lt", json!(["1"])), false),
+            (
+                aff(
+                    json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]),
+                ),
+                true,
+            ),
+            (
+                aff(
+                    json!([{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}]}]),
+                ),
+                false,
+            ),
+            // Terms are ORed.
+            (
+                aff(json!([
+                {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["hdd"]}]},
+                {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}])),
+                true,
+            ),
+            // Expressions within a term are ANDed.
+            (
+                aff(json!([{"matchExpressions": [
+                {"key": "disk", "operator": "In", "values": ["ssd"]},
+                {"key": "cores", "operator": "In", "values": ["4"]}]}])),
+                false,
+            ),
+            // An empty term matches nothing.
+            (aff(json!([{}])), false),
+        ];
+        for (i, (p, ok)) in cases.iter().enumerate() {
+            assert_eq!(fits(p, &n), *ok, "case {i}");
+        }
+    }
+
+    #[test]
+    fn host_ports() {
+        let with_port = |port: i64, ip: &str| {
+            pod(json!({"containers": [{"name": "c", "image": "i",
+                "ports": [{"containerPort": 80, "hostPort": port, "hostIP": ip}]}]}))
+        };
+        let mut n = node("n", json!({}));
+        n.add_pod(&with_port(8080, "127.0.0.1"));
+        assert_eq!(
+            reasons(&with_port(8080, ""), &n),
+            ["node(s) didn't have free ports for the requested pod ports"]
+        );
+        assert!(fits(&with_port(8080, "127.0.0.2"), &n));
+        assert!(fits(&with_port(8081, ""), &n));
+    }
+
+    #[test]
+    fn message_counts_and_sorts_like_upstream() {
+        let mut full = node("a", json!({}));
+        full.add_pod(&requesting("2", "0"));
+        let mut full2 = node("b", json!({}));
+        full2.add_pod(&requesting("2", "0"));
+        let tainted = node(
+            "c",
+            json!({"spec": {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]}}),
+        );
+        let p = requesting("1", "0");
+        let nodes = [full, full2, tainted];
+        assert_eq!(
+            fit_error(&p, nodes.iter()),
+            "0/3 nodes are available: 1 node(s) had untolerated taint {k: v}, 2 Insufficient cpu."
+        );
+        assert_eq!(
+            fit_error(&p, [].iter()),
+            "no nodes available to schedule pods"
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! The scheduling loop: observe (watch updates into the cache and the
+//! queue), decide (filter and score one pod at a time against the cache,
+//! assuming the winner at once), act (bind concurrently, report).
+//!
+//! Decisions are sequential on one task that owns the cache and the
+//! queue, so each sees every earlier decision; only the bindings, which
+//! are one POST each, run concurrently (at most `max_binds_in_flight`).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::cache::Cache;
+use crate::events::{self, Notice, Notifier};
+use crate::informer::{self, Update};
+use crate::nodeinfo::NodeInfo;
+use crate::podinfo::{self, PodInfo};
+use crate::queue::{Backoff, Queue};
+use crate::{bind, filter, score, Config};
+
+/// Decisions made per turn of the loop before it looks at updates again.
+const BATCH: usize = 64;
+/// How often unschedulable pods are checked against their timeout
+/// (upstream flushes leftover unschedulable pods every 30 s).
+const FLUSH_EVERY: Duration = Duration::from_secs(30);
+/// How long in-flight bindings may finish after shutdown.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// A binding's result, back from its task.
+struct Bound {
+    pod: Arc<PodInfo>,
+    node: String,
+    /// Failed attempts before this one.
+    attempts: u32,
+    result: bind::Result<()>,
+}
+
+struct Scheduler {
+    client: kube::Client,
+    config: Config,
+    cache: Cache,
+    queue: Queue,
+    rng: SmallRng,
+    binds: JoinSet<Bound>,
+    notifier: Notifier,
+    nodes_synced: bool,
+    pods_synced: bool,
+    /// Names seen since a node re-list started.
+    node_relist: Option<HashSet<String>>,
+    /// UIDs seen since a pod re-list started.
+    pod_relist: Option<HashSet<String>>,
+}
+
+pub(crate) async fn run(client: kube::Client, config: Config, shutdown: impl Future<Output = ()>) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (notifier, writer) = events::channel(client.clone(), &config.scheduler_name, async {
+        let _ = stop_rx.await;
+    });
+    let writer = tokio::spawn(writer);
+    let (updates, watches) = informer::start(&client);
+    info!(scheduler = %config.scheduler_name, "scheduler started");
+    let backoff = Backoff {
+        initial: config.initial_backoff,
+        max: config.max_backoff,
+        unschedulable_timeout: config.unschedulable_timeout,
+    };
+    let mut s = Scheduler {
+        client,
+        queue: Queue::new(backoff),
+        config,
+        cache: Cache::default(),
+        rng: SmallRng::from_os_rng(),
+        binds: JoinSet::new(),
+        notifier,
+        nodes_synced: false,
+        pods_synced: false,
+        node_relist: None,
+        pod_relist: None,
+    };
+    s.run(updates, shutdown).await;
+    for w in &watches {
+        w.abort();
+    }
+    // Let bindings in flight land so that their pods are not left
+    // half-decided, then let the event writer flush what it has.
+    let drain = async {
+        while let Some(done) = s.binds.join_next().await {
+            if let Ok(b) = done {
+                s.bound(b);
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN, drain).await;
+    drop(s);
+    if tokio::time::timeout(DRAIN, async { writer.await.ok() })
+        .await
+        .is_err()
+    {
+        let _ = stop_tx.send(());
+    }
+    info!("scheduler stopped");
+}
+
+impl Scheduler {
+    async fn run(
+        &mut self,
+        mut updates: mpsc::Receiver<Update>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut flush = tokio::time::interval(FLUSH_EVERY);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let far = || tokio::time::Instant::now() + Duration::from_secs(3600);
+        loop {
+            let ready = self.nodes_synced
+                && self.pods_synced
+                && self.queue.has_active()
+                && self.binds.len() < self.config.max_binds_in_flight;
+            let due = self.queue.next_backoff_due();
+            let wake = due.map_or_else(far, tokio::time::Instant::from_std);
+            tokio::select! {
+                _ = &mut shutdown => return,
+                u = updates.recv() => match u {
+                    Some(u) => {
+                        self.update(u);
+                        // Take in everything already waiting, so that
+                        // decisions see the freshest picture.
+                        while let Ok(u) = updates.try_recv() {
+                            self.update(u);
+                        }
+                    }
+                    None => {
+                        warn!("scheduler watches ended; stopping");
+                        return;
+                    }
+                },
+                Some(done) = self.binds.join_next(), if !self.binds.is_empty() => match done {
+                    Ok(b) => self.bound(b),
+                    Err(e) => warn!(error = %e, "a binding task failed"),
+                },
+                _ = tokio::time::sleep_until(wake), if due.is_some() => self.queue.flush(Instant::now()),
+                _ = flush.tick() => self.queue.flush(Instant::now()),
+                _ = std::future::ready(()), if ready => self.schedule_batch(),
+            }
+        }
+    }
+
+    /// Take in one watch update.
+    fn update(&mut self, u: Update) {
+        let now = Instant::now();
+        match u {
+            Update::NodesRelisting => self.node_relist = Some(HashSet::new()),
+            Update::Node(node) => {
+                if let (Some(seen), Some(name)) = (&mut self.node_relist, &node.metadata.name) {
+                    seen.insert(name.clone());
+                }
+                if self.cache.upsert_node(node) {
+                    self.queue.move_unschedulable(now);
+                }
+            }
+            Update::NodeDeleted(node) => {
+                if let Some(name) = &node.metadata.name {
+                    self.cache.remove_node(name);
+                }
+            }
+            Update::NodesListed => {
+                if let Some(seen) = self.node_relist.take() {
+                    for name in self.cache.node_names() {
+                        if !seen.contains(&name) {
+                            self.cache.remove_node(&name);
+                        }
+                    }
+                }
+                self.nodes_synced = true;
+                self.queue.move_unschedulable(now);
+            }
+            Update::PodsRelisting => self.pod_relist = Some(HashSet::new()),
+            Update::Pod(pod) => {
+                if let Some(seen) = &mut self.pod_relist {
+                    seen.insert(pod.uid.clone());
+                }
+                self.pod(pod, now);
+            }
+            Update::PodDeleted(pod) => self.pod_gone(&pod.uid, now),
+            Update::PodsListed => {
+                if let Some(seen) = self.pod_relist.take() {
+                    let known = self.cache.pod_uids().into_iter().chain(self.queue.uids());
+                    let gone: Vec<String> = known.filter(|uid| !seen.contains(uid)).collect();
+                    for uid in gone {
+                        self.pod_gone(&uid, now);
+                    }
+                }
+                self.pods_synced = true;
+            }
+        }
+    }
+
+    fn pod(&mut self, pod: Arc<PodInfo>, now: Instant) {
+        if podinfo::is_terminal(&pod.pod) {
+            // Finished: its room on the node is free again.
+            self.pod_gone(&pod.uid, now);
+            return;
+        }
+        if let Some(node) = podinfo::node_name(&pod.pod) {
+            let node = node.to_string();
+            self.queue.remove(&pod.uid);
+            self.cache.set_bound(pod, &node);
+            return;
+        }
+        if self.cache.pod_state(&pod.uid).is_some() {
+            // Assumed: this is an older version from before our binding,
+            // still on its way through the watch.
+            return;
+        }
+        let ours = pod
+            .spec()
+            .and_then(|s| s.scheduler_name.as_deref())
+            .unwrap_or("default-scheduler")
+            == self.config.scheduler_name;
+        if !ours || podinfo::is_terminating(&pod.pod) {
+            self.queue.remove(&pod.uid);
+            return;
+        }
+        self.queue.add_or_update(pod, now);
+    }
+
+    /// A pod was deleted or finished.
+    fn pod_gone(&mut self, uid: &str, now: Instant) {
+        self.queue.remove(uid);
+        if self.cache.remove_pod(uid).is_some() {
+            self.queue.move_unschedulable(now);
+        }
+    }
+
+    fn schedule_batch(&mut self) {
+        for _ in 0..BATCH {
+            if self.binds.len() >= self.config.max_binds_in_flight {
+                return;
+            }
+            let Some(pod) = self.queue.pop() else {
+                return;
+            };
+            self.schedule(pod);
+        }
+    }
+
+    /// Filter, score, assume and start the binding; or report why no
+    /// node fits.
+    fn schedule(&mut self, pod: Arc<PodInfo>) {
+        let chosen = {
+            let feasible: Vec<&NodeInfo> = self
+                .cache
+                .nodes()
+                .filter(|n| filter::fits(&pod, n))
+                .collect();
+            score::select(&pod, &feasible, &mut self.rng).map(|n| n.name.clone())
+        };
+        let now = Instant::now();
+        let Some(node) = chosen else {
+            let message = filter::fit_error(&pod, self.cache.nodes());
+            debug!(pod = %format!("{}/{}", pod.namespace, pod.name), %message, "pod is unschedulable");
+            self.queue.unschedulable(&pod.uid, now);
+            self.notifier.send(Notice::FailedScheduling {
+                pod: events::reference(&pod),
+                condition: condition_update(&pod, &message),
+                message,
+            });
+            return;
+        };
+        let attempts = self.queue.done(&pod.uid);
+        self.cache.assume(pod.clone(), &node);
+        let client = self.client.clone();
+        self.binds.spawn(async move {
+            let result = bind::bind(&client, &pod, &node).await;
+            Bound {
+                pod,
+                node,
+                attempts,
+                result,
+            }
+        });
+    }
+
+    /// A binding finished.
+    fn bound(&mut self, b: Bound) {
+        match b.result {
+            Ok(()) => {
+                debug!(pod = %format!("{}/{}", b.pod.namespace, b.pod.name), node = %b.node, "bound");
+                self.notifier.send(Notice::Scheduled {
+                    pod: events::reference(&b.pod),
+                    node: b.node,
+                });
+            }
+            Err(e) => {
+                let now = Instant::now();
+                // Un-assume (unless the watch already showed what
+                // happened): the room it took is free again.
+                let forgotten = self.cache.forget(&b.pod.uid, &b.node);
+                if let Some(pod) = forgotten {
+                    self.queue.move_unschedulable(now);
+                    if e.is_final() {
+                        debug!(error = %e, "binding refused; the watch will tell what became of the pod");
+                    } else {
+                        warn!(error = %e, "binding failed; retrying the pod after back-off");
+                        self.queue.requeue_failed(pod, b.attempts, now);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// When PodScheduled should change to False/Unschedulable with `message`:
+/// the last transition time to write (kept when it was already False),
+/// or `None` when the pod already says exactly this.
+fn condition_update(pod: &PodInfo, message: &str) -> Option<Time> {
+    let current = pod
+        .pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"));
+    match current {
+        Some(c)
+            if c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+                && c.message.as_deref() == Some(message) =>
+        {
+            None
+        }
+        Some(c) if c.status == "False" => Some(
+            c.last_transition_time
+                .clone()
+                .unwrap_or_else(|| Time(jiff::Timestamp::now())),
+        ),
+        _ => Some(Time(jiff::Timestamp::now())),
+    }
+}
