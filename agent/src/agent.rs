@@ -11,11 +11,15 @@ use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::events::LogRecorder;
 use crate::manager::Manager;
+use crate::mirror::MirrorManager;
 use crate::node::Facts;
 use crate::pleg::{Health, Pleg};
 use crate::runtime::Runtime;
 use crate::server::{self, ServerState};
+use crate::source::api::{self, ApiSource, MirrorPods};
 use crate::source::file::FileSource;
+use crate::source::PodUpdate;
+use crate::status::manager::StatusManager;
 use crate::worker::{Shared, StatusStore};
 
 /// Errors that stop the agent from starting.
@@ -33,6 +37,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    ApiClient(#[from] crate::apiclient::Error),
     #[error("cannot listen on {address} for the status endpoint: {source} (change --status-address, or set it to none)")]
     Listen {
         address: std::net::SocketAddr,
@@ -63,6 +69,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     })?
     .with_pull_timeout(config.image_pull_timeout);
     let runtime = Arc::new(Runtime::new(cri));
+    // A bad kubeconfig is a start-up error; an unreachable API is not (the
+    // joined loops retry, and static pods run meanwhile).
+    let client = match &config.kubeconfig {
+        Some(path) => Some(crate::apiclient::from_kubeconfig(path).await?),
+        None => None,
+    };
     let facts = Arc::new(Facts::gather(&config.root_dir, config.max_pods));
     let host_ip = facts.internal_ip.map(|i| i.to_string()).unwrap_or_default();
     tracing::info!(
@@ -71,13 +83,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         static_pods = %config.static_pod_path.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
         "skiff-agent starting"
     );
+    let statuses = Arc::new(StatusStore::default());
     let shared = Arc::new(Shared {
         crash_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         image_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         config: config.clone(),
         runtime: runtime.clone(),
         recorder: Box::new(LogRecorder),
-        statuses: StatusStore::default(),
+        statuses: statuses.clone(),
         host_ip,
     });
     let health = Arc::new(Health::default());
@@ -123,17 +136,60 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     let (src_tx, src_rx) = mpsc::channel(16);
     let mut sources = Vec::new();
+    let (statics_tx, statics_rx) = watch::channel(Vec::new());
     if let Some(dir) = &config.static_pod_path {
         sources.push("file");
-        tokio::spawn(FileSource::new(dir, &config.node_name).run(src_tx.clone()));
+        tokio::spawn(tee_static_pods(
+            FileSource::new(dir, &config.node_name),
+            src_tx.clone(),
+            statics_tx,
+        ));
+    }
+    let mut manager = Manager::new(shared, &[]);
+    if let Some(client) = client {
+        sources.push(api::SOURCE);
+        let (mirrors_tx, mirrors_rx) = watch::channel(MirrorPods::default());
+        tokio::spawn(
+            ApiSource::new(client.clone(), &config.node_name).run(src_tx.clone(), mirrors_tx),
+        );
+        if config.static_pod_path.is_some() {
+            let mirrors = MirrorManager::new(
+                client.clone(),
+                &config.node_name,
+                statics_rx,
+                mirrors_rx.clone(),
+            );
+            tokio::spawn(mirrors.run());
+        }
+        let (deleted_tx, deleted_rx) = mpsc::unbounded_channel();
+        tokio::spawn(StatusManager::new(client.clone(), statuses, mirrors_rx, deleted_rx).run());
+        manager = manager.with_deleted(deleted_tx);
     }
     drop(src_tx);
 
-    Manager::new(shared, &sources)
+    manager
+        .expect_sources(&sources)
         .run(src_rx, relist_rx, wake_rx, shutdown)
         .await;
     let _ = stop_tx.send(true);
     pleg_task.abort();
     tracing::info!("skiff-agent stopped; containers keep running");
     Ok(())
+}
+
+/// Forward the file source's snapshots to the pod manager, keeping the
+/// latest set of static pods for the mirror manager.
+async fn tee_static_pods(
+    source: FileSource,
+    to_manager: mpsc::Sender<PodUpdate>,
+    statics: watch::Sender<Vec<k8s_openapi::api::core::v1::Pod>>,
+) {
+    let (tx, mut rx) = mpsc::channel(4);
+    tokio::spawn(source.run(tx));
+    while let Some(update) = rx.recv().await {
+        statics.send_replace(update.pods.clone());
+        if to_manager.send(update).await.is_err() {
+            return;
+        }
+    }
 }

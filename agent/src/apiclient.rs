@@ -30,6 +30,8 @@ pub enum Error {
 /// # Errors
 /// Unreadable or invalid kubeconfig.
 pub async fn from_kubeconfig(path: &Path) -> Result<kube::Client, Error> {
+    // kube's rustls client needs the process-wide crypto provider chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let p = || path.display().to_string();
     let kc = kube::config::Kubeconfig::read_from(path)
         .map_err(|source| Error::Read { path: p(), source })?;

@@ -34,6 +34,9 @@ pub struct Manager {
     workers: HashMap<String, Handle>,
     done_tx: worker::DoneTx,
     done_rx: mpsc::UnboundedReceiver<String>,
+    /// Pods stopped because the API is deleting them, for the status
+    /// manager to delete from the API. None when running standalone.
+    deleted: Option<mpsc::UnboundedSender<Pod>>,
 }
 
 impl Manager {
@@ -46,7 +49,20 @@ impl Manager {
             workers: HashMap::new(),
             done_tx,
             done_rx,
+            deleted: None,
         }
+    }
+
+    /// Sources that must report once before orphans are removed.
+    pub fn expect_sources(mut self, sources: &[&'static str]) -> Self {
+        self.expected_sources = sources.iter().copied().collect();
+        self
+    }
+
+    /// Report pods finished for graceful deletion on `tx`.
+    pub fn with_deleted(mut self, tx: mpsc::UnboundedSender<Pod>) -> Self {
+        self.deleted = Some(tx);
+        self
     }
 
     fn sources_ready(&self) -> bool {
@@ -117,7 +133,16 @@ impl Manager {
             .unwrap_or_default();
         for (uid, pod) in &new {
             match old.get(uid) {
-                Some(prev) if prev == pod => {}
+                Some(prev) if same_desired(prev, pod) => {}
+                _ if pod.is_being_deleted() => {
+                    if !self.workers.contains_key(uid) {
+                        self.spawn(uid, Some(pod.clone()));
+                    }
+                    if self.workers.get(uid).is_some_and(|h| !h.terminating) {
+                        tracing::info!(pod = %pod.key(), "pod is being deleted, stopping it");
+                        self.terminate(uid, Some(pod.grace_period_seconds()));
+                    }
+                }
                 _ => self.ensure_worker(uid, pod.clone()),
             }
         }
@@ -173,6 +198,12 @@ impl Manager {
     fn on_done(&mut self, uid: &str) {
         self.workers.remove(uid);
         if let Some(pod) = self.desired_pod(uid).cloned() {
+            if pod.is_being_deleted() {
+                if let Some(tx) = &self.deleted {
+                    let _ = tx.send(pod);
+                }
+                return;
+            }
             // Re-added while it was being torn down.
             self.spawn(uid, Some(pod));
         }
@@ -198,4 +229,17 @@ impl Manager {
             }
         }
     }
+}
+
+/// Whether two versions of a pod want the same thing: status and
+/// resourceVersion changes (the agent's own status writes coming back
+/// through the watch) do not wake the worker.
+fn same_desired(a: &Pod, b: &Pod) -> bool {
+    let strip = |p: &Pod| {
+        let mut m = p.metadata.clone();
+        m.resource_version = None;
+        m.managed_fields = None;
+        m
+    };
+    a.spec == b.spec && strip(a) == strip(b)
 }

@@ -34,6 +34,16 @@ pub trait PodExt {
     fn grace_period_seconds(&self) -> i64;
     fn containers(&self) -> &[Container];
     fn init_containers(&self) -> &[Container];
+    /// The API server has set a deletionTimestamp: stop it, then let the
+    /// API delete it.
+    fn is_being_deleted(&self) -> bool;
+    /// The API already records the pod as Succeeded or Failed: it never
+    /// runs again.
+    fn is_terminal(&self) -> bool;
+    /// A mirror pod: the API's copy of a static pod, never run itself.
+    fn is_mirror(&self) -> bool;
+    /// A static pod: from a manifest on this node, not from the API.
+    fn is_static(&self) -> bool;
 }
 
 impl PodExt for Pod {
@@ -78,5 +88,27 @@ impl PodExt for Pod {
             .as_ref()
             .and_then(|s| s.init_containers.as_deref())
             .unwrap_or_default()
+    }
+    fn is_being_deleted(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+    fn is_terminal(&self) -> bool {
+        matches!(
+            self.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+    }
+    fn is_mirror(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(crate::source::CONFIG_MIRROR_ANNOTATION))
+    }
+    fn is_static(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::source::CONFIG_SOURCE_ANNOTATION))
+            .is_some_and(|s| s != crate::source::api::SOURCE)
     }
 }

@@ -473,5 +473,7 @@ pub fn display_status(pod: &Pod, status: &PodStatus) -> String {
     reason
 }
 
+pub mod manager;
+
 #[cfg(test)]
 mod tests;

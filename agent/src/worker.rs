@@ -7,7 +7,7 @@
 //! idempotent and can be interrupted at any line, because the next sync
 //! starts again from what the runtime reports.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ pub struct Shared {
     /// Shared with the PLEG, which prunes its caches on every relist.
     pub runtime: Arc<Runtime>,
     pub recorder: Box<dyn Recorder>,
-    pub statuses: StatusStore,
+    pub statuses: Arc<StatusStore>,
     /// CrashLoopBackOff delays, keyed `uid/container`.
     pub crash_backoff: Mutex<Backoff>,
     /// ImagePullBackOff delays, keyed `uid/image/<image>`.
@@ -42,16 +42,25 @@ pub struct Shared {
 }
 
 /// The latest pod and status of every pod the agent runs; read by the
-/// status endpoint (and later the API status manager).
+/// status endpoint, and by the status manager, which it wakes on changes.
 #[derive(Default)]
 pub struct StatusStore {
     inner: std::sync::RwLock<HashMap<String, (Pod, PodStatus)>>,
+    /// Pods whose status changed since the status manager last looked.
+    dirty: Mutex<HashSet<String>>,
+    changed: tokio::sync::Notify,
 }
 
 impl StatusStore {
     pub fn set(&self, pod: &Pod, status: PodStatus) {
+        let uid = pod.uid().to_string();
         let mut m = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        m.insert(pod.uid().to_string(), (pod.clone(), status));
+        let same = m.get(&uid).is_some_and(|(_, s)| *s == status);
+        m.insert(uid.clone(), (pod.clone(), status));
+        drop(m);
+        if !same {
+            self.mark_dirty(uid);
+        }
     }
     pub fn remove(&self, uid: &str) {
         self.inner
@@ -79,6 +88,29 @@ impl StatusStore {
             .collect();
         pods.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
         pods
+    }
+    /// Ask the status manager to look at `uid` again.
+    pub fn mark_dirty(&self, uid: String) {
+        self.dirty
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid);
+        self.changed.notify_one();
+    }
+    /// Wait until some status changed, then take the changed pods' uids.
+    pub async fn take_dirty(&self) -> HashSet<String> {
+        loop {
+            let taken = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
+            if !taken.is_empty() {
+                return taken;
+            }
+            self.changed.notified().await;
+        }
+    }
+    /// Every pod's uid.
+    pub fn uids(&self) -> Vec<String> {
+        let m = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        m.keys().cloned().collect()
     }
 }
 
@@ -169,6 +201,19 @@ type SyncResult = Result<Option<Duration>, cri_proto::Error>;
 /// One sync: observe, plan, act, report. Returns when to sync again.
 async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
     let rt = shared.runtime.observe_pod(pod.uid()).await?;
+    if pod.is_terminal() {
+        // The API records it as finished: nothing runs again. The status
+        // manager keeps the API's terminal status.
+        if st.previous.is_none() {
+            st.start_time = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.clone())
+                .map(|t| t.0);
+            report(shared, pod, &rt, st);
+        }
+        return Ok(None);
+    }
     if st.start_time.is_none() {
         // After an agent restart the pod started when its first sandbox did.
         let first = rt.sandboxes.iter().map(|s| s.created_at).min();

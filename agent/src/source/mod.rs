@@ -6,6 +6,7 @@
 //! the next one. Today: the static pod directory; the API server watch joins
 //! later through the same channel.
 
+pub mod api;
 pub mod defaults;
 pub mod file;
 pub mod validate;
