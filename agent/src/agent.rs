@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::events::LogRecorder;
 use crate::manager::Manager;
 use crate::mirror::MirrorManager;
-use crate::node::Facts;
+use crate::node::{CriProbe, Facts, NodeAgent};
 use crate::pleg::{Health, Pleg};
 use crate::runtime::Runtime;
 use crate::server::{self, ServerState};
@@ -89,7 +89,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         image_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         config: config.clone(),
         runtime: runtime.clone(),
-        recorder: Box::new(LogRecorder),
+        recorder: match &client {
+            Some(c) => Box::new(crate::events::api_recorder(c.clone(), &config.node_name))
+                as Box<dyn crate::events::Recorder>,
+            None => Box::new(LogRecorder),
+        },
         statuses: statuses.clone(),
         host_ip,
     });
@@ -125,6 +129,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
     let (relist_tx, relist_rx) = mpsc::channel(4);
     let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+    let runtime_for_node = runtime.clone();
     let pleg = Pleg::new(
         runtime,
         config.pleg_relist_period,
@@ -133,6 +138,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         wake_tx,
     );
     let pleg_task = tokio::spawn(pleg.run());
+    let mut node_task = None;
+    if let Some(c) = &client {
+        let probe = Arc::new(CriProbe::new(runtime_for_node, Some(health.clone())));
+        let recorder = crate::events::api_recorder(c.clone(), &config.node_name);
+        let node = NodeAgent::new(
+            c.clone(),
+            Arc::new(config.clone()),
+            facts.clone(),
+            probe,
+            Some(recorder),
+        );
+        node_task = Some(tokio::spawn(node.run(stopped())));
+    }
 
     let (src_tx, src_rx) = mpsc::channel(16);
     let mut sources = Vec::new();
@@ -173,6 +191,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .await;
     let _ = stop_tx.send(true);
     pleg_task.abort();
+    if let Some(t) = node_task {
+        let _ = t.await;
+    }
     tracing::info!("skiff-agent stopped; containers keep running");
     Ok(())
 }
