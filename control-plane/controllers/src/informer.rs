@@ -11,8 +11,11 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+
+/// Objects a watch may get ahead of its consumer by before it waits.
+const EVENT_BUFFER: usize = 1024;
 
 /// A reflector store fed by a watch, and a wake-up on every watch event.
 ///
@@ -35,18 +38,47 @@ where
 {
     /// Start watching `api` with `cfg`.
     pub fn start(api: Api<K>, cfg: watcher::Config) -> Self {
+        Self::spawn(api, cfg, None)
+    }
+
+    /// Like [`Informer::start`], and also send every object the watch
+    /// touches (listed, added, modified or deleted), after the store
+    /// took it in, to the returned receiver: the work queue of a
+    /// controller that maps objects to the things it reconciles.
+    pub fn start_with_events(api: Api<K>, cfg: watcher::Config) -> (Self, mpsc::Receiver<K>) {
+        let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+        (Self::spawn(api, cfg, Some(tx)), rx)
+    }
+
+    fn spawn(api: Api<K>, cfg: watcher::Config, events: Option<mpsc::Sender<K>>) -> Self {
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
         let kind = K::kind(&()).into_owned();
         let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher(api, cfg).default_backoff().reflect(writer));
-            while let Some(ev) = events.next().await {
-                match ev {
-                    Ok(_) => notify.notify_one(),
+            let mut stream = std::pin::pin!(watcher(api, cfg).default_backoff().reflect(writer));
+            while let Some(ev) = stream.next().await {
+                let ev = match ev {
+                    Ok(ev) => ev,
                     // The watcher retries by itself; say why it had to.
-                    Err(e) => tracing::warn!(kind, "watch failed, retrying: {e}"),
-                }
+                    Err(e) => {
+                        tracing::warn!(kind, "watch failed, retrying: {e}");
+                        continue;
+                    }
+                };
+                notify.notify_one();
+                let Some(tx) = &events else {
+                    continue;
+                };
+                let obj = match ev {
+                    watcher::Event::Apply(o)
+                    | watcher::Event::Delete(o)
+                    | watcher::Event::InitApply(o) => o,
+                    watcher::Event::Init | watcher::Event::InitDone => continue,
+                };
+                // A closed receiver means its controller stopped: keep
+                // the store going for whoever still reads it.
+                let _ = tx.send(obj).await;
             }
         });
         Informer {
@@ -82,4 +114,9 @@ where
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A receiver as a stream (ends when every sender is gone).
+pub fn receiver_stream<T>(mut rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
