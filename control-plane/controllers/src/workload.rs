@@ -1,0 +1,283 @@
+//! Shared machinery of the workload controllers (deployment, replicaset,
+//! daemonset, job): watched caches that each run in their own task and
+//! turn every change into reconcile requests, the applier loop that runs
+//! one reconcile per object at a time, and the error type of those
+//! reconciles.
+//!
+//! Why not `Controller::owns`/`watches`: those open a second watch for
+//! every related kind and fire before any cache of that kind is updated, so
+//! a reconcile woken by "pod became ready" could read a cache that does not
+//! show it yet and never be woken again. Here a trigger is only sent after
+//! the cache it came from has applied the change, and a relist (after a
+//! watch desync) triggers once the fresh list is in place, including for
+//! objects that vanished meanwhile (upstream informers'
+//! `DeletedFinalStateUnknown`).
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use kube::runtime::controller::{self, Action};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+
+/// What a workload reconcile can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API request failed; `action` names the request and the object.
+    #[error("{action}: {source}")]
+    Api {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The object's spec cannot be acted on (for example a maxSurge that
+    /// is neither a number nor a percentage); fix the object.
+    #[error("{0}")]
+    Invalid(String),
+    /// A reconcile task panicked or was cancelled.
+    #[error("reconcile task ended abnormally: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The API answered 409: our cached copy was stale, or someone else
+    /// wrote first. The next watch event brings a fresh copy.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 409)
+    }
+}
+
+/// Attach what was being done to an API error.
+pub trait ApiResultExt<T> {
+    fn ctx(self, action: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> ApiResultExt<T> for Result<T, kube::Error> {
+    fn ctx(self, action: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Api {
+            action: action(),
+            source,
+        })
+    }
+}
+
+/// Whether a kube error is the API's 404.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// A watched cache of `K`. Its task runs until the `Cache` is dropped.
+pub struct Cache<K: Resource + 'static>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    pub store: Store<K>,
+    _task: AbortOnDrop<()>,
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Watch `api` into a store. After the store applied a change to an
+    /// object, `map(object, still_exists)` names the roots to reconcile;
+    /// they are sent on `tx`.
+    pub fn spawn<R, I, M>(
+        api: Api<K>,
+        cfg: watcher::Config,
+        tx: mpsc::Sender<ObjectRef<R>>,
+        mut map: M,
+    ) -> Self
+    where
+        R: Resource<DynamicType = ()> + 'static,
+        I: IntoIterator<Item = ObjectRef<R>>,
+        M: FnMut(&K, bool) -> I + Send + 'static,
+    {
+        let (store, writer) = reflector::store();
+        let reader = store.clone();
+        let kind = K::kind(&()).into_owned();
+        let task = tokio::spawn(async move {
+            let mut tx = tx;
+            let mut events =
+                std::pin::pin!(watcher::watcher(api, cfg).default_backoff().reflect(writer));
+            // Roots touched by a relist, sent once the new list is in the
+            // store; and what the store held before it.
+            let mut pending: Vec<ObjectRef<R>> = Vec::new();
+            let mut before: Vec<Arc<K>> = Vec::new();
+            while let Some(ev) = events.next().await {
+                let out: Vec<ObjectRef<R>> = match ev {
+                    Ok(Event::Apply(o)) => map(&o, true).into_iter().collect(),
+                    Ok(Event::Delete(o)) => map(&o, false).into_iter().collect(),
+                    Ok(Event::Init) => {
+                        pending.clear();
+                        before = reader.state();
+                        continue;
+                    }
+                    Ok(Event::InitApply(o)) => {
+                        pending.extend(map(&o, true));
+                        continue;
+                    }
+                    Ok(Event::InitDone) => {
+                        let now: HashSet<ObjectRef<K>> = reader
+                            .state()
+                            .iter()
+                            .map(|o| ObjectRef::from_obj(&**o))
+                            .collect();
+                        for gone in std::mem::take(&mut before) {
+                            if !now.contains(&ObjectRef::from_obj(&*gone)) {
+                                pending.extend(map(&gone, false));
+                            }
+                        }
+                        std::mem::take(&mut pending)
+                    }
+                    // The watcher retries with back-off by itself.
+                    Err(e) => {
+                        tracing::warn!(kind, "watch failed, retrying: {e}");
+                        continue;
+                    }
+                };
+                for r in out {
+                    if tx.send(r).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Cache {
+            store,
+            _task: AbortOnDrop(task),
+        }
+    }
+
+    /// Wait until the first full list is in the store. A reconcile that
+    /// read a half-filled cache would, for example, create pods that exist.
+    pub async fn ready(&self) -> Result<(), crate::Error> {
+        self.store.wait_until_ready().await.map_err(|e| {
+            crate::Error::Config(format!("cache of {} never filled: {e}", K::kind(&())))
+        })
+    }
+}
+
+/// A reconcile request for `obj` itself (the usual `map` of a root cache).
+pub fn itself<K: Resource<DynamicType = ()>>(obj: &K) -> Option<ObjectRef<K>> {
+    Some(ObjectRef::from_obj(obj))
+}
+
+/// The reconcile requests for the owners of kind `R` named by `obj`'s
+/// controller reference.
+pub fn controller_owner<R: Resource<DynamicType = ()>>(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<ObjectRef<R>> {
+    let r = crate::workload_claim::controller_of(meta)?;
+    let (group, _) = split_api_version(&r.api_version);
+    if r.kind != R::kind(&()) || group != R::group(&()) {
+        return None;
+    }
+    Some(ObjectRef::new(&r.name).within(meta.namespace.as_deref().unwrap_or_default()))
+}
+
+fn split_api_version(v: &str) -> (&str, &str) {
+    match v.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", v),
+    }
+}
+
+/// Run `reconcile` for every object of `store` named on `queue`, one at a
+/// time per object, until the queue closes. Failed reconciles are retried
+/// after a pause (sooner for conflicts, which a fresh watch event resolves).
+pub async fn drive<K, C, F, Fut>(
+    name: &'static str,
+    store: Store<K>,
+    queue: mpsc::Receiver<ObjectRef<K>>,
+    ctx: Arc<C>,
+    reconcile: F,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action>> + Send + 'static,
+{
+    let reconcile = Arc::new(reconcile);
+    let runs = controller::applier(
+        move |obj, ctx| {
+            let reconcile = reconcile.clone();
+            AbortOnDrop(tokio::spawn(async move { reconcile(obj, ctx).await }))
+        },
+        move |obj: Arc<K>, err: &Error, _| {
+            if err.is_conflict() {
+                tracing::debug!(controller = name, object = %obj.name_any(), "stale write, retrying: {err}");
+                Action::requeue(Duration::from_millis(500))
+            } else {
+                tracing::warn!(controller = name, namespace = obj.namespace().unwrap_or_default(), object = %obj.name_any(), "reconcile failed, retrying in 5s: {err}");
+                Action::requeue(Duration::from_secs(5))
+            }
+        },
+        ctx,
+        store,
+        queue.map(Ok::<_, Infallible>),
+        controller::Config::default(),
+    );
+    runs.for_each(|r| async move {
+        match r {
+            Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
+            // A deleted object's last events: nothing left to do.
+            Err(controller::Error::ObjectNotFound(o)) => {
+                tracing::trace!(controller = name, object = %o, "gone before its reconcile")
+            }
+            Err(e) => tracing::warn!(controller = name, "controller queue: {e}"),
+        }
+    })
+    .await;
+}
+
+/// A spawned task that is aborted when this handle is dropped (so that a
+/// controller shut down mid-reconcile leaves nothing running).
+pub struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Future for AbortOnDrop<Result<T>> {
+    type Output = Result<T>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|r| match r {
+            Ok(out) => out,
+            Err(e) => Err(Error::Task(e)),
+        })
+    }
+}
+
+/// Now, to the second: the API serialises times with second precision, so
+/// a finer time would make every status look changed.
+pub fn now() -> jiff::Timestamp {
+    jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .unwrap_or_else(|_| jiff::Timestamp::now())
+}
+
+/// The key expectations and logs use for a namespaced object.
+pub fn key<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}

@@ -1,0 +1,244 @@
+//! What the workload controller tests share: a test API server with the
+//! chosen controllers running in-process under their own identity, and a
+//! stand-in for the node agent that moves pods through their phases by
+//! writing pod status, as the kubelet would.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use skiff_control_plane::testkit::{eventually, TestServer};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct Env {
+    pub server: TestServer,
+    /// Admin client (plays the user and the node agents).
+    pub client: kube::Client,
+    stop: Option<oneshot::Sender<()>>,
+    manager: Option<JoinHandle<()>>,
+}
+
+impl Env {
+    /// A fresh server with `controllers` running.
+    pub async fn start(controllers: &[&str]) -> Env {
+        let server = TestServer::start().await;
+        let client = server.client().await;
+        let mut env = Env {
+            server,
+            client,
+            stop: None,
+            manager: None,
+        };
+        env.start_controllers(controllers).await;
+        env
+    }
+
+    /// Start the controller manager (as `system:kube-controller-manager`).
+    pub async fn start_controllers(&mut self, controllers: &[&str]) {
+        let c = self
+            .server
+            .client_for("system:kube-controller-manager", &[])
+            .await;
+        let config = skiff_controllers::Config {
+            controllers: controllers.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let (tx, rx) = oneshot::channel();
+        self.stop = Some(tx);
+        self.manager = Some(tokio::spawn(skiff_controllers::run(c, config, async {
+            let _ = rx.await;
+        })));
+    }
+
+    /// Stop the controller manager and wait until it has.
+    pub async fn stop_controllers(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.manager.take() {
+            let _ = h.await;
+        }
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::default_namespaced(self.client.clone())
+    }
+
+    /// kubectl (as admin); panics with its stderr on failure.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        skiff_control_plane::testkit::ok(self.server.kubectl(args))
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> String {
+        skiff_control_plane::testkit::ok(self.server.kubectl_stdin(args, stdin))
+    }
+
+    /// Pods in `default` with `selector`, sorted by name.
+    pub async fn list_pods(&self, selector: &str) -> Vec<Pod> {
+        let mut v = self
+            .pods()
+            .list(&ListParams::default().labels(selector))
+            .await
+            .expect("list pods")
+            .items;
+        v.sort_by_key(|p| p.name_any());
+        v
+    }
+
+    /// Active pods (not terminating, not finished) with `selector`.
+    pub async fn active_pods(&self, selector: &str) -> Vec<Pod> {
+        self.list_pods(selector)
+            .await
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && !matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+            })
+            .collect()
+    }
+
+    /// As the agent: the pod runs, Ready (or not).
+    pub async fn set_running(&self, name: &str, ready: bool) {
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let st = if ready { "True" } else { "False" };
+        let patch = json!({"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": st, "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": st, "lastTransitionTime": now},
+        ]}});
+        self.pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("setting pod {name} running: {e}"));
+    }
+
+    /// As the agent: the pod ended in `phase` (Succeeded or Failed).
+    pub async fn set_finished(&self, name: &str, phase: &str) {
+        let patch = json!({"status": {"phase": phase, "conditions": [
+            {"type": "Ready", "status": "False"},
+        ]}});
+        self.pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("setting pod {name} {phase}: {e}"));
+    }
+
+    /// As the scheduler: bind pod `name` to `node`.
+    pub async fn bind(&self, name: &str, node: &str) {
+        let body = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+        self.pods()
+            .create_subresource::<_, serde_json::Value>(
+                "binding",
+                name,
+                &PostParams::default(),
+                &body,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("binding pod {name} to {node}: {e}"));
+    }
+
+    /// As the agent: finish the deletion of a terminating pod.
+    pub async fn force_delete(&self, name: &str) {
+        let dp = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        let _ = self.pods().delete(name, &dp).await;
+    }
+
+    /// Make every active pod with `selector` Running and Ready.
+    pub async fn all_ready(&self, selector: &str) {
+        for p in self.active_pods(selector).await {
+            if !is_ready(&p) {
+                self.set_running(&p.name_any(), true).await;
+            }
+        }
+    }
+
+    /// Register a node (as its agent would) with `labels` and `taints`.
+    pub async fn add_node(&self, name: &str, labels: &[(&str, &str)], taints: serde_json::Value) {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("kubernetes.io/hostname".to_string(), name.to_string())])
+            .collect();
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": taints},
+        }))
+        .expect("node json");
+        Api::<Node>::all(self.client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap_or_else(|e| panic!("creating node {name}: {e}"));
+    }
+
+    /// Event notes (core/v1 `message`) with `reason`.
+    pub async fn events(&self, reason: &str) -> Vec<String> {
+        let evs: Api<k8s_openapi::api::core::v1::Event> =
+            Api::default_namespaced(self.client.clone());
+        evs.list(&ListParams::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.message)
+            .collect()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Wait up to `secs` for `f`, failing the test with `what` (and the last
+/// state `f` describes) when it never holds.
+pub async fn until<F, Fut>(what: &str, secs: u64, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let ok = eventually(Duration::from_secs(secs), || {
+        let fut = f();
+        let last = last.clone();
+        async move {
+            match fut.await {
+                Ok(()) => true,
+                Err(s) => {
+                    *last.lock().unwrap() = s;
+                    false
+                }
+            }
+        }
+    })
+    .await;
+    let last = last.lock().unwrap().clone();
+    assert!(ok, "timed out waiting for {what}; last seen: {last}");
+}
