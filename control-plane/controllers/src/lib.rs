@@ -19,7 +19,14 @@ pub mod job;
 pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
+pub mod pods;
 pub mod replicaset;
+pub mod workload;
+pub mod workload_claim;
+pub mod workload_events;
+pub mod workload_expectations;
+pub mod workload_hash;
+pub mod workload_selector;
 
 /// Every controller, by the name `--controllers` uses.
 pub const ALL: &[&str] = &[
