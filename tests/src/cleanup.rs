@@ -157,6 +157,30 @@ impl RunLock {
     }
 }
 
+/// Creates a fresh run directory `/tmp/skiff-test/<id>` (a new random id)
+/// with its lock held. Containerd runs add `run.json`; a run without one
+/// (a cluster fixture's directory: server data, node agents' state) is
+/// swept by killing the processes that name the directory in their
+/// command line, unmounting and removing it.
+///
+/// # Errors
+/// Fails when `/tmp/skiff-test` is not writable or no id is free.
+pub fn create_run_dir() -> Result<(String, PathBuf, RunLock)> {
+    fs::create_dir_all(TEST_ROOT)?;
+    for _ in 0..100 {
+        let id = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let dir = Path::new(TEST_ROOT).join(&id);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(anyhow!("creating {}: {e}", dir.display())),
+        }
+        let lock = RunLock::create(&dir)?;
+        return Ok((id, dir, lock));
+    }
+    Err(anyhow!("no free run id under {TEST_ROOT} after 100 tries"))
+}
+
 /// Stops and removes every pod sandbox and container through CRI.
 ///
 /// Returns the network namespace paths the sandboxes used (from the verbose
@@ -390,8 +414,10 @@ pub fn sweep_stale() -> Vec<String> {
                 report(&record.id, &errors);
             }
             Err(_) => {
-                // Died before writing run.json: nothing but the directory
-                // (and perhaps a containerd that never got further).
+                // No run.json: a cluster fixture's directory (its server
+                // and agents name it in their flags), or a run that died
+                // before writing it (perhaps with a containerd that never
+                // got further).
                 let _ = kill_processes_mentioning(&dir.to_string_lossy(), Signal::SIGKILL);
                 let _ = unmount_under(&dir);
                 let _ = remove_dir(&dir);

@@ -46,6 +46,9 @@ pub struct ContainerdBuilder {
     default_images: bool,
     snapshotter: Option<String>,
     ready_timeout: Duration,
+    /// Set by [`ContainerdBuilder::external_cni`]: the subnet someone else
+    /// leased and configures.
+    external_subnet: Option<u8>,
 }
 
 impl Default for ContainerdBuilder {
@@ -56,6 +59,7 @@ impl Default for ContainerdBuilder {
             default_images: true,
             snapshotter: None,
             ready_timeout: READY_TIMEOUT,
+            external_subnet: None,
         }
     }
 }
@@ -114,6 +118,23 @@ impl ContainerdBuilder {
         self
     }
 
+    /// The pod network is configured by someone else, as on a real node
+    /// where the agent writes the CNI configuration for the podCIDR the
+    /// control plane assigned: no conflist is written into
+    /// [`Containerd::cni_conf_dir`], and start waits for RuntimeReady only
+    /// (containerd reports NetworkReady once a configuration appears).
+    ///
+    /// `subnet_index` (198.18.X.0/24, leased by the caller, who also
+    /// releases it) is recorded as the run's subnet, so cleanup still
+    /// removes the network namespaces and firewall rules of addresses in
+    /// it; the CNI network must use [`Containerd::bridge`] as its bridge
+    /// (and name), which cleanup deletes. [`Containerd::set_subnet`]
+    /// corrects the subnet once the real one is known.
+    pub fn external_cni(mut self, subnet_index: u8) -> Self {
+        self.external_subnet = Some(subnet_index);
+        self
+    }
+
     /// Creates the run directory, config and CNI network, starts containerd,
     /// waits for RuntimeReady and NetworkReady and side-loads the default
     /// images. Sweeps stale runs of dead test processes first.
@@ -133,7 +154,8 @@ impl ContainerdBuilder {
                 .await?
                 .to_string(),
         };
-        let (record, lock) = tokio::task::spawn_blocking(create_run).await??;
+        let external = self.external_subnet;
+        let (record, lock) = tokio::task::spawn_blocking(move || create_run(external)).await??;
         let socket = record.socket.clone();
         let mut containerd = Containerd {
             client: CriClient::connect_lazy(&socket, CRI_TIMEOUT)?,
@@ -141,6 +163,7 @@ impl ContainerdBuilder {
             log_path: record.dir.join("containerd.log"),
             snapshotter,
             ready_timeout: self.ready_timeout,
+            external_cni: external.is_some(),
             record,
             child: None,
             cleaned: false,
@@ -176,6 +199,9 @@ pub struct Containerd {
     log_path: PathBuf,
     snapshotter: String,
     ready_timeout: Duration,
+    /// The CNI configuration is not ours (see
+    /// [`ContainerdBuilder::external_cni`]).
+    external_cni: bool,
     /// None while stopped.
     child: Option<Child>,
     client: CriClient,
@@ -226,6 +252,32 @@ impl Containerd {
     /// The subnet's gateway (the bridge's address), `198.18.X.1`.
     pub fn gateway(&self) -> std::net::Ipv4Addr {
         std::net::Ipv4Addr::new(198, 18, self.record.subnet_index, 1)
+    }
+
+    /// Changes the run's recorded subnet (in memory and in `run.json`, for
+    /// sweeps) to 198.18.`index`.0/24: for fixtures started with
+    /// [`ContainerdBuilder::external_cni`] once the network's real subnet
+    /// is known (a node's podCIDR assigned by the control plane).
+    ///
+    /// # Errors
+    /// Fails when this run leased its own subnet (its lease would leak), or
+    /// when `run.json` cannot be written.
+    pub fn set_subnet(&mut self, index: u8) -> Result<()> {
+        if !self.external_cni {
+            bail!(
+                "run {} leased 198.18.{}.0/24 itself; only external-CNI runs change subnet",
+                self.record.id,
+                self.record.subnet_index
+            );
+        }
+        self.record.subnet_index = index;
+        self.record.save()
+    }
+
+    /// The directory containerd loads its CNI configuration from (the
+    /// first `*.conflist` in it, watched for changes).
+    pub fn cni_conf_dir(&self) -> PathBuf {
+        self.record.dir.join("cni")
     }
 
     /// The Linux bridge the CNI bridge plugin creates (`skb-<id>`).
@@ -403,7 +455,7 @@ impl Containerd {
                     Ok(resp) => {
                         let conditions = resp.status.map(|s| s.conditions).unwrap_or_default();
                         let ready = |t: &str| conditions.iter().any(|c| c.r#type == t && c.status);
-                        if ready("RuntimeReady") && ready("NetworkReady") {
+                        if ready("RuntimeReady") && (self.external_cni || ready("NetworkReady")) {
                             return Ok(());
                         }
                         last = format!("{conditions:?}");
@@ -429,10 +481,12 @@ impl Containerd {
             fs::create_dir_all(dir.join(sub))?;
         }
         fs::write(&self.config_path, self.config_toml(opts))?;
-        fs::write(
-            dir.join("cni").join("10-skiff.conflist"),
-            self.cni_conflist(),
-        )?;
+        if !self.external_cni {
+            fs::write(
+                dir.join("cni").join("10-skiff.conflist"),
+                self.cni_conflist(),
+            )?;
+        }
         Ok(())
     }
 
@@ -543,40 +597,33 @@ impl Drop for Containerd {
     }
 }
 
-/// Creates `/tmp/skiff-test/<id>` with its lock held, leases a subnet and
-/// writes `run.json`.
-fn create_run() -> Result<(RunRecord, RunLock)> {
-    fs::create_dir_all(TEST_ROOT)?;
-    for _ in 0..100 {
-        let id = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
-        let dir = Path::new(TEST_ROOT).join(&id);
-        match fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(anyhow!("creating {}: {e}", dir.display())),
-        }
-        let lock = RunLock::create(&dir)?;
-        let subnet_index = match lease_free_subnet(&id) {
+/// Creates `/tmp/skiff-test/<id>` with its lock held, leases a subnet
+/// (unless `external_subnet` was leased by the caller) and writes
+/// `run.json`.
+fn create_run(external_subnet: Option<u8>) -> Result<(RunRecord, RunLock)> {
+    let (id, dir, lock) = cleanup::create_run_dir()?;
+    let subnet_index = match external_subnet {
+        Some(x) => x,
+        None => match lease_free_subnet(&id) {
             Ok(x) => x,
             Err(e) => {
                 let _ = fs::remove_dir_all(&dir);
                 return Err(e);
             }
-        };
-        let record = RunRecord {
-            socket: dir.join("containerd.sock"),
-            runc_root: dir.join("runc"),
-            bridge: format!("skb-{id}"),
-            network: format!("skiff-{id}"),
-            owner_pid: std::process::id(),
-            subnet_index,
-            dir,
-            id,
-        };
-        record.save()?;
-        return Ok((record, lock));
-    }
-    bail!("no free run id under {TEST_ROOT} after 100 tries")
+        },
+    };
+    let record = RunRecord {
+        socket: dir.join("containerd.sock"),
+        runc_root: dir.join("runc"),
+        bridge: format!("skb-{id}"),
+        network: format!("skiff-{id}"),
+        owner_pid: std::process::id(),
+        subnet_index,
+        dir,
+        id,
+    };
+    record.save()?;
+    Ok((record, lock))
 }
 
 /// Leases the first free 198.18.X.0/24 (random start): no lease file and no

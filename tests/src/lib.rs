@@ -19,6 +19,10 @@
 //!   127.0.0.1:<random port> (axum) for real CRI `PullImage` tests.
 //! - [`agent`]: a `skiff-agent` process run against a fixture's containerd
 //!   (root, logs and static pod dir inside the run directory).
+//! - [`cluster`]: a control plane (the `skiff-server` binary) and N nodes
+//!   (a containerd and a joined `skiff-agent` each) on this machine, node
+//!   pod subnets assigned by the server's node IPAM from a leased block;
+//!   real kubectl as admin; kill and restart of agents and server.
 //! - [`cleanup`]: teardown in dependency order (CRI, containerd, runc,
 //!   shims, mounts, netns, bridge, iptables/nft, directory, subnet lease),
 //!   run from `Drop` even after a panic, and a sweeper that tears down runs
@@ -31,6 +35,7 @@
 
 pub mod agent;
 pub mod cleanup;
+pub mod cluster;
 pub mod containerd;
 pub mod images;
 pub mod rawcri;
