@@ -21,6 +21,7 @@ pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod pods;
 pub mod replicaset;
+pub mod served;
 pub mod workload;
 pub mod workload_claim;
 pub mod workload_events;
