@@ -67,24 +67,7 @@ pub(crate) async fn run(client: kube::Client, config: Config, shutdown: impl Fut
     let writer = tokio::spawn(writer);
     let (updates, watches) = informer::start(&client);
     info!(scheduler = %config.scheduler_name, "scheduler started");
-    let backoff = Backoff {
-        initial: config.initial_backoff,
-        max: config.max_backoff,
-        unschedulable_timeout: config.unschedulable_timeout,
-    };
-    let mut s = Scheduler {
-        client,
-        queue: Queue::new(backoff),
-        config,
-        cache: Cache::default(),
-        rng: SmallRng::from_os_rng(),
-        binds: JoinSet::new(),
-        notifier,
-        nodes_synced: false,
-        pods_synced: false,
-        node_relist: None,
-        pod_relist: None,
-    };
+    let mut s = Scheduler::new(client, config, notifier);
     s.run(updates, shutdown).await;
     for w in &watches {
         w.abort();
@@ -110,6 +93,27 @@ pub(crate) async fn run(client: kube::Client, config: Config, shutdown: impl Fut
 }
 
 impl Scheduler {
+    fn new(client: kube::Client, config: Config, notifier: Notifier) -> Scheduler {
+        let backoff = Backoff {
+            initial: config.initial_backoff,
+            max: config.max_backoff,
+            unschedulable_timeout: config.unschedulable_timeout,
+        };
+        Scheduler {
+            client,
+            queue: Queue::new(backoff),
+            config,
+            cache: Cache::default(),
+            rng: SmallRng::from_os_rng(),
+            binds: JoinSet::new(),
+            notifier,
+            nodes_synced: false,
+            pods_synced: false,
+            node_relist: None,
+            pod_relist: None,
+        }
+    }
+
     async fn run(
         &mut self,
         mut updates: mpsc::Receiver<Update>,
@@ -342,5 +346,117 @@ fn condition_update(pod: &PodInfo, message: &str) -> Option<Time> {
                 .unwrap_or_else(|| Time(jiff::Timestamp::now())),
         ),
         _ => Some(Time(jiff::Timestamp::now())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loop's bookkeeping, driven update by update. The client points
+    //! at a closed port: bindings really fail, as against a server that
+    //! is down.
+
+    use super::*;
+    use crate::cache::PodState;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use serde_json::json;
+
+    fn scheduler() -> Scheduler {
+        let cfg = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(cfg).unwrap();
+        let (notifier, _writer) = events::channel(client.clone(), "default-scheduler", async {});
+        Scheduler::new(client, Config::default(), notifier)
+    }
+
+    fn node(name: &str) -> Update {
+        Update::Node(
+            serde_json::from_value::<Node>(json!({
+                "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": "1", "memory": "1Gi", "pods": "10"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn pod(uid: &str, node: Option<&str>) -> Update {
+        Update::Pod(Arc::new(PodInfo::new(
+            serde_json::from_value::<Pod>(json!({
+                "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+                "spec": {"nodeName": node, "schedulerName": "default-scheduler",
+                         "containers": [{"name": "c", "resources": {"requests": {"cpu": "600m"}}}]}
+            }))
+            .unwrap(),
+        )))
+    }
+
+    #[tokio::test]
+    async fn relists_drop_what_is_gone() {
+        let mut s = scheduler();
+        for u in [
+            Update::NodesRelisting,
+            node("a"),
+            node("b"),
+            Update::NodesListed,
+            Update::PodsRelisting,
+            pod("bound", Some("a")),
+            pod("pending", None),
+            Update::PodsListed,
+        ] {
+            s.update(u);
+        }
+        assert!(s.nodes_synced && s.pods_synced);
+        assert_eq!(s.cache.node_names(), ["a", "b"]);
+        assert_eq!(s.cache.pod_state("bound"), Some(PodState::Bound));
+        assert!(s.queue.contains("pending"));
+
+        // A re-list (say after a 410) in which node a and both pods are
+        // missing: they were deleted while the watch was away.
+        for u in [
+            Update::NodesRelisting,
+            node("b"),
+            Update::NodesListed,
+            Update::PodsRelisting,
+            Update::PodsListed,
+        ] {
+            s.update(u);
+        }
+        assert_eq!(s.cache.node_names(), ["b"]);
+        assert!(s.cache.node("a").is_none());
+        assert_eq!(s.cache.pod_state("bound"), None);
+        assert!(s.queue.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_binding_un_assumes_and_backs_off() {
+        let mut s = scheduler();
+        for u in [
+            node("a"),
+            Update::NodesListed,
+            pod("p1", None),
+            pod("p2", None),
+            Update::PodsListed,
+        ] {
+            s.update(u);
+        }
+        s.schedule_batch();
+        // p1 took 600m of the node's CPU: p2 no longer fits, even though
+        // nothing has been bound yet.
+        assert_eq!(s.cache.pod_state("p1"), Some(PodState::Assumed));
+        assert_eq!(s.cache.node("a").unwrap().requested.cpu, 600);
+        assert!(s.queue.contains("p2") && s.queue.pop().is_none());
+        // The watch replaying p1 unbound (from before the binding) does
+        // not queue it again.
+        s.update(pod("p1", None));
+        assert!(!s.queue.contains("p1"));
+
+        let done = s.binds.join_next().await.unwrap().unwrap();
+        assert!(done.result.is_err(), "nothing listens on port 1");
+        s.bound(done);
+        assert_eq!(s.cache.pod_state("p1"), None, "un-assumed");
+        assert_eq!(s.cache.node("a").unwrap().requested.cpu, 0);
+        // p1 backs off (not straight back to active: no spinning), and
+        // p2 moved out of unschedulable since room was freed.
+        assert!(s.queue.contains("p1"));
+        assert!(s.queue.next_backoff_due().is_some());
     }
 }
