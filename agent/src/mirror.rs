@@ -82,8 +82,10 @@ impl MirrorManager {
             .collect();
         let mirrors = self.mirrors.borrow().clone();
         for (key, mirror) in &mirrors {
+            // A mirror a user deleted is removed at once and made again
+            // (its grace period would otherwise never end: nothing runs it).
             let wanted = statics.get(key).and_then(hash);
-            if wanted.is_none() || wanted != mirror_of(mirror) {
+            if wanted.is_none() || wanted != mirror_of(mirror) || mirror.is_being_deleted() {
                 self.delete(mirror).await;
             }
         }

@@ -611,8 +611,13 @@ async fn ensure_image(
         Err(e) if e.is_unavailable() => return Err(StartError::Runtime(e)),
         Err(e) => return Err(wait("InvalidImageName", status_message(&e))),
     };
+    let already_present = || {
+        let msg = format!("Container image \"{image}\" already present on machine");
+        shared.recorder.event(pod, NORMAL, "Pulled", &msg);
+    };
     if policy == "Never" {
         if present {
+            already_present();
             return Ok(());
         }
         let msg = format!("Container image \"{image}\" is not present with pull policy of Never");
@@ -622,6 +627,7 @@ async fn ensure_image(
         return Err(wait("ErrImageNeverPull", msg));
     }
     if present && policy == "IfNotPresent" {
+        already_present();
         return Ok(());
     }
     let key = format!("{}/image/{image}", pod.uid());

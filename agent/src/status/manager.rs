@@ -48,8 +48,10 @@ pub struct StatusManager {
     /// Pods a worker finished stopping because the API is deleting them.
     deleted: mpsc::UnboundedReceiver<Pod>,
     limiter: DefaultDirectRateLimiter,
-    /// The status the API was last sent (or had), by pod uid.
-    sent: HashMap<String, PodStatus>,
+    /// The status the API was last sent, by pod uid, with the uid of the
+    /// object it went to (a static pod's mirror is replaced when a user
+    /// deletes it, and the new one needs the status too).
+    sent: HashMap<String, (String, PodStatus)>,
 }
 
 /// Where a pod's status is written.
@@ -101,23 +103,23 @@ impl StatusManager {
     }
 
     async fn patch_all(&mut self, dirty: HashSet<String>) {
-        let work: Vec<(Target, PodStatus)> = dirty
+        let work: Vec<(String, Target, PodStatus)> = dirty
             .into_iter()
-            .filter_map(|uid| self.pending(&uid))
+            .filter_map(|uid| self.pending(&uid).map(|(t, s)| (uid, t, s)))
             .collect();
         let this = &*self;
-        let results: Vec<(String, PodStatus, bool)> = futures::stream::iter(work)
-            .map(|(t, status)| async move {
+        let results: Vec<(String, String, PodStatus, bool)> = futures::stream::iter(work)
+            .map(|(uid, t, status)| async move {
                 this.limiter.until_ready().await;
                 let ok = this.patch(&t, &status).await;
-                (t.uid, status, ok)
+                (uid, t.uid, status, ok)
             })
             .buffer_unordered(IN_FLIGHT)
             .collect()
             .await;
-        for (uid, status, ok) in results {
+        for (uid, target, status, ok) in results {
             if ok {
-                self.sent.insert(uid, status);
+                self.sent.insert(uid, (target, status));
             }
         }
     }
@@ -139,7 +141,11 @@ impl StatusManager {
                 uid: uid.to_string(),
             }
         };
-        let known = self.sent.get(uid).or(pod.status.as_ref());
+        let known = match self.sent.get(uid) {
+            Some((to, s)) if *to == target.uid => Some(s),
+            Some(_) => None,
+            None => pod.status.as_ref(),
+        };
         if known == Some(&status) {
             return None;
         }
