@@ -11,7 +11,8 @@
 //! - [`pleg`]: relisting (and CRI events) to wake workers; runtime health.
 //! - [`status`]: PodStatus as the kubelet computes it.
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
-//! - [`node`]: capacity and node info for the Node object.
+//! - [`node`]: the Node object: facts, registration, status, Lease.
+//! - [`network`]: the CNI configuration for the node's pod CIDR.
 //! - [`server`]: the read-only status endpoint (`/pods`, `/node`, `/healthz`).
 //! - [`agent`]: wiring it all together.
 #![forbid(unsafe_code)]
@@ -22,6 +23,7 @@ pub mod backoff;
 pub mod config;
 pub mod events;
 pub mod manager;
+pub mod network;
 pub mod node;
 pub mod plan;
 pub mod pleg;

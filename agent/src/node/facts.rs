@@ -1,6 +1,7 @@
 //! Facts about this node for its Node object: capacity and allocatable
 //! (cpu, memory, pods, ephemeral-storage), addresses, and nodeInfo (kernel,
-//! OS image, container runtime version), read from procfs and the system.
+//! OS image, container runtime version), read from procfs and the system;
+//! and the Node object built from them.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
