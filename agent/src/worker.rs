@@ -245,12 +245,15 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
             .as_ref()
             .is_some_and(|p| waiting_reason(p, &w.name) == Some(w.reason.as_str()));
         if spec.is_some() && !known {
-            shared.recorder.event(
-                pod,
-                WARNING,
-                "BackOff",
-                "Back-off restarting failed container",
+            // Upstream's wording, with format.Pod's `name_namespace(uid)`.
+            let msg = format!(
+                "Back-off restarting failed container {} in pod {}_{}({})",
+                w.name,
+                pod.name(),
+                pod.namespace(),
+                pod.uid()
             );
+            shared.recorder.event(pod, WARNING, "BackOff", &msg);
         }
     }
     let mut requeue = plan.requeue_after;
@@ -333,12 +336,15 @@ async fn act(
             .find(|c| &c.id == id)
             .map(|c| c.name.clone())
             .unwrap_or_default();
-        shared.recorder.event(
-            pod,
-            NORMAL,
-            "Killing",
-            &format!("Stopping container {name}: {why}"),
-        );
+        // The kubelet's messages: a spec change says so, any other kill
+        // is plain "Stopping container" (the why stays in the log).
+        let msg = if why == "container spec changed" {
+            format!("Container {name} definition changed, will be restarted")
+        } else {
+            tracing::debug!(pod = %pod.key(), container = %name, "stopping: {why}");
+            format!("Stopping container {name}")
+        };
+        shared.recorder.event(pod, NORMAL, "Killing", &msg);
         runtime.stop_container(id, *grace)
     });
     for r in futures::future::join_all(kills).await {
@@ -533,7 +539,7 @@ async fn start_container(
         pod,
         NORMAL,
         "Created",
-        &format!("Created container {}", spec.name),
+        &format!("Created container: {}", spec.name),
     );
     if let Some(ran) = start.previous_run {
         // A restart after a crash: the back-off grows, unless the container
@@ -659,15 +665,30 @@ async fn ensure_image(
         sandbox_config: Some(sandbox.clone()),
     };
     match cri.pull_image(req).await {
-        Ok(_) => {
+        Ok(pulled) => {
+            let took = started.elapsed();
             shared
                 .image_backoff
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .reset(&key);
+            // The kubelet reports the pulled image's size from ImageStatus.
+            let size = cri
+                .image_status(v1::ImageStatusRequest {
+                    image: Some(v1::ImageSpec {
+                        image: pulled.image_ref,
+                        ..Default::default()
+                    }),
+                    verbose: false,
+                })
+                .await
+                .ok()
+                .and_then(|r| r.image)
+                .map_or(0, |i| i.size);
+            // No pull queue here: the wait is the pull itself.
+            let took = crate::events::go_duration(took);
             let msg = format!(
-                "Successfully pulled image \"{image}\" in {:?}",
-                started.elapsed()
+                "Successfully pulled image \"{image}\" in {took} ({took} including waiting). Image size: {size} bytes."
             );
             shared.recorder.event(pod, NORMAL, "Pulled", &msg);
             Ok(())
