@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stops what scripts/up.sh started: the agent first tears its pods down (their
-# manifests are moved aside), then the agent, skiff-server and containerd
+# Stops what scripts/up.sh started: the agent first tears its pods down (the
+# workloads are deleted, static pod manifests moved aside), then the agent, skiff-server and containerd
 # stop. With --purge, their state is removed too. Safe to re-run.
 set -euo pipefail
 STATE=/var/lib/skiff
@@ -10,6 +10,12 @@ ETC=/etc/skiff
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 if running "$RUN/agent.pid" && command -v skiff-agent >/dev/null; then
+    if running "$RUN/server.pid" && [ -f "$STATE/server/admin.kubeconfig" ]; then
+        # Workloads first, so their controllers do not recreate the pods.
+        KUBECONFIG=$STATE/server/admin.kubeconfig kubectl delete \
+            deployments,daemonsets,jobs,replicasets,pods --all --all-namespaces \
+            --wait=false >/dev/null 2>&1 || true
+    fi
     mkdir -p "$ETC/manifests.down"
     find "$ETC/manifests" -maxdepth 1 -type f -exec mv -t "$ETC/manifests.down" {} +
     echo "== waiting for the agent to stop its pods"
@@ -27,6 +33,7 @@ for p in agent server containerd; do
 done
 ip link del skiff0 2>/dev/null || true
 if [ "${1:-}" = "--purge" ]; then
-    rm -rf "$STATE" "$RUN" "$ETC/manifests.down"
+    # The node kubeconfig is signed by the CA that goes with the state.
+    rm -rf "$STATE" "$RUN" "$ETC/manifests.down" "$ETC/node.kubeconfig" "$ETC/cni"
 fi
 echo "skiff stopped"

@@ -9,5 +9,8 @@ bash scripts/deps.sh
 
 # Build everything first so the e2e tests find the binaries they run.
 cargo build --workspace --bins --tests --quiet
+# The e2e fixtures run these; given here, they do not run cargo themselves
+# (a per-package build would resolve features differently and rebuild).
+export SKIFF_AGENT_BIN=$PWD/target/debug/skiff-agent SKIFF_SERVER_BIN=$PWD/target/debug/skiff-server
 # Two test threads on two cores: each e2e test starts its own containerd.
 cargo test --workspace -- --test-threads=2

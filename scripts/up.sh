@@ -2,8 +2,10 @@
 # Brings up a single-node skiff cluster on this machine: installs what is
 # missing, builds skiff, starts a containerd configured for it (its own
 # socket and state, so a system containerd is left alone), side-loads the
-# demo images, starts the control plane and the node agent, and runs a demo
-# pod. Safe to re-run: running pieces are kept (the agent re-adopts its pods).
+# demo images, starts the control plane (API server, scheduler, controllers)
+# and the node agent joined to it, and runs a demo static pod and a demo
+# Deployment. Safe to re-run: running pieces are kept (the agent re-adopts
+# its pods).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -12,7 +14,9 @@ bash scripts/deps.sh
 STATE=/var/lib/skiff
 RUN=/run/skiff
 ETC=/etc/skiff
-POD_CIDR=${SKIFF_POD_CIDR:-198.18.0.0/24}
+# Node podCIDRs are carved from this (the agent writes the CNI config).
+CLUSTER_CIDR=${SKIFF_CLUSTER_CIDR:-10.42.0.0/16}
+NODE=$(tr 'A-Z' 'a-z' </proc/sys/kernel/hostname)
 SOCK=$RUN/containerd/containerd.sock
 mkdir -p "$STATE" "$RUN/containerd" "$ETC/cni" "$ETC/manifests" /var/log/skiff
 
@@ -51,18 +55,6 @@ state = "$RUN/containerd/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
 TOML
-    cat > "$ETC/cni/10-skiff.conflist" <<JSON
-{
-  "cniVersion": "1.0.0",
-  "name": "skiff",
-  "plugins": [
-    {"type": "bridge", "bridge": "skiff0", "isGateway": true, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]],
-              "dataDir": "$STATE/cni/networks"}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}
-JSON
     setsid nohup containerd --config "$ETC/containerd.toml" >/var/log/skiff/containerd.log 2>&1 &
     echo $! > "$RUN/containerd.pid"
     for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
@@ -71,8 +63,17 @@ target/release/skiff-load-images "$SOCK" "$STATE/images"
 
 if ! running "$RUN/server.pid"; then
     echo "== starting skiff-server"
-    setsid nohup skiff-server --data-dir "$STATE/server" >/var/log/skiff/server.log 2>&1 &
+    setsid nohup skiff-server --data-dir "$STATE/server" --cluster-cidr "$CLUSTER_CIDR" \
+        >/var/log/skiff/server.log 2>&1 &
     echo $! > "$RUN/server.pid"
+fi
+for _ in $(seq 120); do [ -f "$STATE/server/admin.kubeconfig" ] && break; sleep 0.25; done
+export KUBECONFIG=$STATE/server/admin.kubeconfig
+# The node's own identity (system:node:NAME), signed by the cluster CA.
+if [ ! -s "$ETC/node.kubeconfig" ]; then
+    skiff-server --data-dir "$STATE/server" kubeconfig --user "system:node:$NODE" \
+        --group system:nodes --server https://127.0.0.1:6443 > "$ETC/node.kubeconfig.tmp"
+    mv "$ETC/node.kubeconfig.tmp" "$ETC/node.kubeconfig"
 fi
 
 cat > "$ETC/manifests/demo.yaml" <<'YAML'
@@ -92,23 +93,36 @@ YAML
 if ! running "$RUN/agent.pid"; then
     echo "== starting skiff-agent"
     setsid nohup skiff-agent --container-runtime-endpoint "unix://$SOCK" --root-dir "$STATE/agent" \
-        --static-pod-path "$ETC/manifests" >/var/log/skiff/agent.log 2>&1 &
+        --static-pod-path "$ETC/manifests" --kubeconfig "$ETC/node.kubeconfig" \
+        --node-name "$NODE" --cni-conf-dir "$ETC/cni" --cni-bridge skiff0 \
+        >/var/log/skiff/agent.log 2>&1 &
     echo $! > "$RUN/agent.pid"
 fi
 
-echo "== waiting for the demo pod"
-for _ in $(seq 120); do
-    skiff-agent pods 2>/dev/null | grep -q "demo-.*Running" && break
-    sleep 0.5
-done
-skiff-agent pods
-for _ in $(seq 40); do [ -f "$STATE/server/admin.kubeconfig" ] && break; sleep 0.25; done
+echo "== starting the demo Deployment"
+kubectl apply -f - <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: hello
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: hello}
+  template:
+    metadata:
+      labels: {app: hello}
+    spec:
+      containers:
+      - name: web
+        image: skiff.test/toolbox:1.0
+        imagePullPolicy: IfNotPresent
+        command: [sh, -c, 'mkdir -p /www && echo "hello from $HOSTNAME" > /www/index.html && exec httpd -f -p 8080 -h /www']
+        ports: [{containerPort: 8080}]
+YAML
+kubectl rollout status deployment/hello --timeout=120s
+kubectl get pods -o wide
 echo
-echo "skiff is up. Logs: /var/log/skiff/. The node's pods: skiff-agent pods"
-if [ -f "$STATE/server/admin.kubeconfig" ]; then
-    echo "Point kubectl at the control plane:"
-    echo "  export KUBECONFIG=$STATE/server/admin.kubeconfig"
-    echo "  kubectl get namespaces"
-else
-    echo "skiff-server did not write its kubeconfig yet: see /var/log/skiff/server.log" >&2
-fi
+echo "skiff is up. Logs: /var/log/skiff/. Point kubectl at the control plane:"
+echo "  export KUBECONFIG=$STATE/server/admin.kubeconfig"
+echo "  kubectl get pods -o wide"
