@@ -368,7 +368,13 @@ async fn recreate_stops_old_pods_before_starting_new_ones() {
         let mut events = std::pin::pin!(watcher(api, watcher::Config::default())
             .default_backoff()
             .reflect(writer));
-        while events.next().await.is_some() {
+        while let Some(ev) = events.next().await {
+            if !matches!(
+                ev,
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                continue;
+            }
             let hashes: std::collections::BTreeSet<String> = store
                 .state()
                 .iter()
