@@ -487,6 +487,41 @@ async fn configured_pod_cidr_is_registered_and_used() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_pod_cidr_assigned_after_registration() {
+    let server = TestServer::start().await;
+    let admin = server.client().await;
+    let runtime = FakeRuntime::new(&[]);
+    let mut agent = start(&server, &runtime, |_| {}).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_node(&nodes, "node registered", |_| true).await;
+    assert_eq!(*agent.pod_cidr.borrow_and_update(), None);
+    // The control plane's IPAM assigns the CIDR after registration.
+    let p =
+        serde_json::json!({"spec": {"podCIDR": "198.18.11.0/24", "podCIDRs": ["198.18.11.0/24"]}});
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+    let cidr = tokio::time::timeout(WAIT, agent.pod_cidr.wait_for(|c| c.is_some()))
+        .await
+        .expect("pod CIDR followed from the Node")
+        .unwrap()
+        .clone();
+    assert_eq!(cidr.as_deref(), Some("198.18.11.0/24"));
+    let path = agent.conf_dir.join(CONFLIST_FILE);
+    until("CNI configuration for the assigned CIDR", || {
+        let path = path.clone();
+        async move {
+            std::fs::read_to_string(&path)
+                .ok()
+                .filter(|t| t.contains("198.18.11.1"))
+        }
+    })
+    .await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_an_api_restart_and_a_deleted_node() {
     let mut server = TestServer::start().await;
     let runtime = FakeRuntime::new(&[]);
