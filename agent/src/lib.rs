@@ -24,6 +24,7 @@ pub mod config;
 pub mod events;
 pub mod manager;
 pub mod network;
+pub mod mirror;
 pub mod node;
 pub mod plan;
 pub mod pleg;
