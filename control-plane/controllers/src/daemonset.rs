@@ -375,7 +375,7 @@ async fn claim_pods(ds: &DaemonSet, st: &State) -> Result<HashMap<String, Vec<Ar
                 if may_adopt != Some(true) {
                     continue;
                 }
-                Arc::new(claim::adopt(&api, &*pod, claim::controller_ref(ds)).await?)
+                Arc::new(claim::adopt(&api, &*pod, claim::controller_ref(ds), None).await?)
             }
             Claim::Release => {
                 claim::release(&api, &*pod, &uid).await?;

@@ -200,9 +200,13 @@ impl<'a> Rollout<'a> {
                         may_adopt = Some(claim::can_adopt(&self.deployments(), &self.d).await?);
                     }
                     if may_adopt == Some(true) {
-                        let adopted =
-                            claim::adopt(&self.replicasets(), &*rs, claim::controller_ref(&self.d))
-                                .await?;
+                        let adopted = claim::adopt(
+                            &self.replicasets(),
+                            &*rs,
+                            claim::controller_ref(&self.d),
+                            None,
+                        )
+                        .await?;
                         tracing::info!(deployment = %self.key(), replicaset = %rs.name_any(), "adopted replica set");
                         owned.push(adopted);
                     }

@@ -1,5 +1,1113 @@
-//! Placeholder: replaced by the controller's implementation.
+//! Job controller (upstream `pkg/controller/job`, NonIndexed completion):
+//! runs up to `parallelism` pods until `completions` of them succeed;
+//! fails the Job when more pods failed than `backoffLimit` allows
+//! (BackoffLimitExceeded) or it ran past `activeDeadlineSeconds`
+//! (DeadlineExceeded); honours `suspend`; deletes finished Jobs after
+//! `ttlSecondsAfterFinished`.
+//!
+//! Pods are counted as upstream does since 1.26: each carries the
+//! `batch.kubernetes.io/job-tracking` finalizer; a finished pod's uid is
+//! first written to `status.uncountedTerminatedPods`, then its finalizer is
+//! removed, then it moves into the `succeeded` / `failed` counters. Each
+//! step is written before the next, so a restart at any point neither
+//! loses a pod that was deleted meanwhile nor counts one twice. Terminal
+//! conditions are preceded by the interim SuccessCriteriaMet /
+//! FailureTarget and set once no pod of the Job is left running.
 
-pub async fn run(_ctx: crate::Ctx) -> Result<(), crate::Error> {
-    std::future::pending().await
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus, UncountedTerminatedPods};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use crate::pods::{self, is_active, is_finished};
+use crate::workload::{
+    self, controller_owner, is_not_found, AbortOnDrop, ApiResultExt, Cache, Result,
+};
+use crate::workload_claim::{self as claim, Claim};
+use crate::workload_events::Recorder;
+use crate::workload_expectations::Expectations;
+use crate::workload_selector as selector;
+
+/// The finalizer that keeps a Job's pod until the Job has counted it.
+pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
+/// Who may run a Job (`spec.managedBy`): anything else is left alone.
+const MANAGED_BY: &str = "kubernetes.io/job-controller";
+/// First delay before replacing a failed pod, doubled per further failure
+/// up to the maximum (upstream `DefaultJobPodFailureBackOff`).
+const POD_BACKOFF: Duration = Duration::from_secs(10);
+const POD_BACKOFF_MAX: Duration = Duration::from_secs(6 * 60);
+/// At most this many pods created or deleted in one sync.
+const MAX_PODS_PER_SYNC: usize = 500;
+
+struct State {
+    client: kube::Client,
+    pods: Store<Pod>,
+    expectations: Arc<Expectations>,
+    /// Pods (by Job key) whose finalizer removal the cache has not shown
+    /// yet: until it does, their finalizer must not make them count again.
+    removing: Arc<Removing>,
+    /// Failures since the last success, and when the last was seen.
+    backoff: Mutex<HashMap<String, (u32, Instant)>>,
+    events: Recorder,
+}
+
+/// Run the Job controller until its task is aborted.
+///
+/// # Errors
+/// The caches cannot be filled.
+pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
+    let client = ctx.client.clone();
+    let (tx, rx) = mpsc::channel(1024);
+    let (orphans_tx, orphans_rx) = mpsc::channel::<Pod>(1024);
+    let expectations = Arc::new(Expectations::default());
+    let removing = Arc::new(Removing::default());
+    let jobs = Cache::spawn(
+        Api::<Job>::all(client.clone()),
+        watcher::Config::default(),
+        tx.clone(),
+        {
+            let exp = expectations.clone();
+            let removing = removing.clone();
+            move |job: &Job, exists| {
+                if !exists {
+                    exp.forget(&workload::key(job));
+                    removing.forget(&workload::key(job));
+                }
+                workload::itself(job)
+            }
+        },
+    );
+    let pod_cache = Cache::spawn(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default(),
+        tx,
+        {
+            let jobs = jobs.store.clone();
+            let (exp, removing) = (expectations.clone(), removing.clone());
+            let mut orphans = orphans_tx;
+            move |pod: &Pod, exists| {
+                let owner = controller_owner::<Job>(&pod.metadata);
+                if let Some(o) = &owner {
+                    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), o.name);
+                    exp.observe(&key, pod, exists);
+                    removing.observe(&key, pod, exists);
+                }
+                // A tracked pod whose Job is gone or done would otherwise keep
+                // its finalizer, and never finish deleting.
+                let job = owner.as_ref().and_then(|o| jobs.get(o));
+                if exists
+                    && has_finalizer(pod)
+                    && job.as_ref().is_none_or(|j| finished(j).is_some())
+                {
+                    let _ = orphans.try_send(pod.clone());
+                }
+                owner
+            }
+        },
+    );
+    jobs.ready().await?;
+    pod_cache.ready().await?;
+    let _orphans = AbortOnDrop::spawn(release_orphans(client.clone(), orphans_rx));
+    let state = Arc::new(State {
+        events: Recorder::new(client.clone(), "job-controller"),
+        client,
+        pods: pod_cache.store.clone(),
+        expectations,
+        removing,
+        backoff: Mutex::new(HashMap::new()),
+    });
+    workload::drive("job", jobs.store.clone(), rx, state, reconcile).await;
+    Ok(())
+}
+
+/// Remove the tracking finalizer from pods whose Job is gone or finished
+/// (upstream `syncOrphanPod`), checking the Job against the API first: a
+/// cache that has not seen a new Job yet must not make its pods uncounted.
+async fn release_orphans(client: kube::Client, mut rx: mpsc::Receiver<Pod>) -> Result<()> {
+    while let Some(pod) = rx.next().await {
+        let ns = pod.namespace().unwrap_or_default();
+        if let Some(r) = claim::controller_of(&pod.metadata).filter(|r| r.kind == "Job") {
+            let job = Api::<Job>::namespaced(client.clone(), &ns)
+                .get_opt(&r.name)
+                .await;
+            match job {
+                Ok(Some(j))
+                    if j.metadata.uid.as_deref() == Some(r.uid.as_str())
+                        && finished(&j).is_none() =>
+                {
+                    continue
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(pod = %pod.name_any(), namespace = %ns, "checking the job of a tracked pod failed: {e}");
+                    continue;
+                }
+            }
+        }
+        if let Err(e) = remove_finalizer(&Api::namespaced(client.clone(), &ns), &pod).await {
+            tracing::warn!(pod = %pod.name_any(), namespace = %ns, "releasing a pod of a finished or deleted job failed: {e}");
+        }
+    }
+    Ok(())
+}
+
+fn has_finalizer(p: &Pod) -> bool {
+    p.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == TRACKING_FINALIZER)
+}
+
+async fn remove_finalizer(api: &Api<Pod>, pod: &Pod) -> Result<()> {
+    let patch = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [TRACKING_FINALIZER]}});
+    match api
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(e).ctx(|| {
+            format!(
+                "removing the job-tracking finalizer of pod {}",
+                pod.name_any()
+            )
+        }),
+    }
+}
+
+/// Pending finalizer removals per Job: uids sent, not yet seen gone.
+#[derive(Default)]
+struct Removing(Mutex<HashMap<String, HashSet<String>>>);
+
+impl Removing {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, HashSet<String>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn expect(&self, key: &str, uid: &str) {
+        self.lock()
+            .entry(key.into())
+            .or_default()
+            .insert(uid.into());
+    }
+    fn observe(&self, key: &str, pod: &Pod, exists: bool) {
+        if !exists || !has_finalizer(pod) {
+            if let (Some(set), Some(uid)) = (self.lock().get_mut(key), pod.metadata.uid.as_ref()) {
+                set.remove(uid);
+            }
+        }
+    }
+    fn pending(&self, key: &str, pods: &[Arc<Pod>]) -> HashSet<String> {
+        let mut m = self.lock();
+        let Some(set) = m.get_mut(key) else {
+            return HashSet::new();
+        };
+        // What the cache already shows settles it.
+        let tracked: HashSet<&str> = pods
+            .iter()
+            .filter(|p| has_finalizer(p))
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        set.retain(|uid| tracked.contains(uid.as_str()));
+        set.clone()
+    }
+    /// A removal that failed: nothing to wait for.
+    fn cancel(&self, key: &str, uid: &str) {
+        if let Some(set) = self.lock().get_mut(key) {
+            set.remove(uid);
+        }
+    }
+    fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+}
+
+fn condition<'a>(job: &'a Job, type_: &str) -> Option<&'a JobCondition> {
+    job.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// When the Job finished (Complete or Failed), if it has.
+fn finished(job: &Job) -> Option<jiff::Timestamp> {
+    ["Complete", "Failed"].iter().find_map(|t| {
+        condition(job, t).map(|c| {
+            c.last_transition_time
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+        })
+    })
+}
+
+fn new_condition(type_: &str, reason: &str, message: &str, now: jiff::Timestamp) -> JobCondition {
+    JobCondition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_probe_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    }
+}
+
+/// Set condition `type_` to `status` (adding it if missing). Returns
+/// whether it changed.
+fn ensure_condition(
+    s: &mut JobStatus,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: jiff::Timestamp,
+) -> bool {
+    let conds = s.conditions.get_or_insert_with(Vec::new);
+    match conds.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) if c.status == status => false,
+        Some(c) => {
+            *c = JobCondition {
+                status: status.into(),
+                ..new_condition(type_, reason, message, now)
+            };
+            true
+        }
+        None if status == "False" => false,
+        None => {
+            conds.push(new_condition(type_, reason, message, now));
+            true
+        }
+    }
+}
+
+/// A pod the Job counts as failed: Failed, or deleted before it succeeded
+/// (so that pods lost with their node still count).
+fn is_failed(p: &Pod) -> bool {
+    pods::phase(p) == "Failed"
+        || (p.metadata.deletion_timestamp.is_some() && pods::phase(p) != "Succeeded")
+}
+
+/// With restartPolicy OnFailure pods do not fail, their containers
+/// restart: the restarts count against backoffLimit.
+fn past_backoff_on_failure(job: &Job, pods: &[Arc<Pod>], limit: i32) -> bool {
+    let on_failure = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.restart_policy.as_deref())
+        == Some("OnFailure");
+    if !on_failure {
+        return false;
+    }
+    let restarts: i32 = pods
+        .iter()
+        .filter(|p| matches!(pods::phase(p), "Running" | "Pending"))
+        .filter_map(|p| p.status.as_ref())
+        .flat_map(|s| {
+            s.container_statuses
+                .iter()
+                .flatten()
+                .chain(s.init_container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum();
+    if limit == 0 {
+        restarts > 0
+    } else {
+        restarts >= limit
+    }
+}
+
+async fn reconcile(job: Arc<Job>, st: Arc<State>) -> Result<Action> {
+    let Some(spec) = job.spec.clone() else {
+        return Ok(Action::await_change());
+    };
+    if spec.managed_by.as_deref().is_some_and(|m| m != MANAGED_BY) {
+        return Ok(Action::await_change());
+    }
+    let key = workload::key(&*job);
+    if let Some(at) = finished(&job) {
+        st.expectations.forget(&key);
+        lock(&st.backoff).remove(&key);
+        return expire(&job, spec.ttl_seconds_after_finished, at, &st).await;
+    }
+    Sync::new(&st, (*job).clone(), key).run().await
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Delete a finished Job `ttl` seconds after it finished (upstream
+/// ttl-after-finished controller), its pods with it.
+async fn expire(job: &Job, ttl: Option<i32>, at: jiff::Timestamp, st: &State) -> Result<Action> {
+    let Some(ttl) = ttl else {
+        return Ok(Action::await_change());
+    };
+    let due = at
+        .checked_add(jiff::SignedDuration::from_secs(i64::from(ttl.max(0))))
+        .unwrap_or(at);
+    let now = jiff::Timestamp::now();
+    if due > now {
+        let wait = due.duration_since(now).as_millis().max(0) as u64;
+        return Ok(Action::requeue(Duration::from_millis(wait + 100)));
+    }
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        preconditions: Some(Preconditions {
+            uid: job.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let name = job.name_any();
+    match Api::<Job>::namespaced(st.client.clone(), &job.namespace().unwrap_or_default())
+        .delete(&name, &dp)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(job = %workload::key(job), "deleted finished job after ttlSecondsAfterFinished");
+            Ok(Action::await_change())
+        }
+        Err(e) if is_not_found(&e) => Ok(Action::await_change()),
+        Err(e) => Err(e).ctx(|| format!("deleting expired job {}", workload::key(job))),
+    }
+}
+
+/// One sync of one Job (upstream `syncJob`).
+struct Sync<'a> {
+    st: &'a State,
+    job: Job,
+    key: String,
+    ns: String,
+    now: jiff::Timestamp,
+    requeue: Vec<Duration>,
+}
+
+impl<'a> Sync<'a> {
+    fn new(st: &'a State, job: Job, key: String) -> Self {
+        Sync {
+            ns: job.namespace().unwrap_or_default(),
+            now: workload::now(),
+            requeue: Vec::new(),
+            st,
+            job,
+            key,
+        }
+    }
+
+    fn pods_api(&self) -> Api<Pod> {
+        Api::namespaced(self.st.client.clone(), &self.ns)
+    }
+
+    async fn run(mut self) -> Result<Action> {
+        let spec = self.job.spec.clone().unwrap_or_default();
+        let suspended = spec.suspend == Some(true);
+        let settled = self.st.expectations.satisfied(&self.key, |n| {
+            self.st.pods.get(&ObjectRef::new(n).within(&self.ns))
+        });
+        let pods = self.claim_pods().await?;
+        let removing = self.st.removing.pending(&self.key, &pods);
+        let tracked = |p: &Pod| {
+            has_finalizer(p)
+                && !p
+                    .metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|u| removing.contains(u))
+        };
+        let mut status = self.job.status.clone().unwrap_or_default();
+        let uncounted = status.uncounted_terminated_pods.clone().unwrap_or_default();
+        let (unc_ok, unc_failed) = (
+            uncounted.succeeded.unwrap_or_default(),
+            uncounted.failed.unwrap_or_default(),
+        );
+        let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+
+        let active: Vec<Arc<Pod>> = pods.iter().filter(|p| is_active(p)).cloned().collect();
+        let mut n_active = active.len() as i32;
+        let mut ready = active.iter().filter(|p| pods::is_ready(p)).count() as i32;
+        let mut terminating = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some() && !is_finished(p))
+            .count() as i32;
+        let new_ok = pods
+            .iter()
+            .filter(|p| tracked(p) && pods::phase(p) == "Succeeded" && !unc_ok.contains(&uid(p)))
+            .count() as i32;
+        let new_failed = pods
+            .iter()
+            .filter(|p| {
+                tracked(p)
+                    && is_failed(p)
+                    && !unc_failed.contains(&uid(p))
+                    && !unc_ok.contains(&uid(p))
+            })
+            .count() as i32;
+        let succeeded = status.succeeded.unwrap_or(0) + new_ok + unc_ok.len() as i32;
+        let failed = status.failed.unwrap_or(0) + new_failed + unc_failed.len() as i32;
+        if status.start_time.is_none() && !suspended {
+            status.start_time = Some(Time(self.now));
+        }
+        self.record_backoff(new_ok, new_failed);
+
+        // What ends the Job: an interim condition written earlier, too many
+        // failures, or the deadline.
+        let backoff_limit = spec.backoff_limit.unwrap_or(6);
+        let mut finish: Option<JobCondition> =
+            if let Some(c) = condition(&self.job, "SuccessCriteriaMet") {
+                Some(c.clone())
+            } else {
+                condition(&self.job, "FailureTarget").cloned()
+            };
+        if finish.is_none() {
+            if failed > backoff_limit || past_backoff_on_failure(&self.job, &pods, backoff_limit) {
+                finish = Some(new_condition(
+                    "FailureTarget",
+                    "BackoffLimitExceeded",
+                    "Job has reached the specified backoff limit",
+                    self.now,
+                ));
+            } else if let Some(left) = self.deadline_left(&status, suspended) {
+                if left.is_zero() {
+                    finish = Some(new_condition(
+                        "FailureTarget",
+                        "DeadlineExceeded",
+                        "Job was active longer than specified deadline",
+                        self.now,
+                    ));
+                } else {
+                    self.requeue.push(left);
+                }
+            }
+        }
+
+        let mut manage_err = None;
+        if finish.as_ref().is_some_and(|c| c.type_ == "FailureTarget") {
+            let (deleted, deleted_ready, err) = self.delete_pods(&active, false).await;
+            if deleted != n_active || !settled {
+                // Not over until every pod is on its way out and counted.
+                finish = None;
+            }
+            n_active -= deleted;
+            terminating += deleted;
+            ready -= deleted_ready;
+            manage_err = err;
+        } else {
+            let mut managed = false;
+            if settled && self.job.metadata.deletion_timestamp.is_none() {
+                match self.manage(&spec, &active, succeeded, terminating).await {
+                    Ok((a, r, t)) => (n_active, ready, terminating) = (a, r, t),
+                    Err(e) => manage_err = Some(e),
+                }
+                managed = true;
+            }
+            let complete = match spec.completions {
+                None => succeeded > 0 && n_active == 0,
+                Some(c) => succeeded >= c && n_active == 0,
+            };
+            if complete {
+                finish = Some(new_condition(
+                    "SuccessCriteriaMet",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods",
+                    self.now,
+                ));
+            } else if managed {
+                self.suspend_conditions(&mut status, suspended).await;
+            }
+        }
+        status.active = Some(n_active).filter(|n| *n > 0);
+        status.ready = Some(ready.max(0));
+        status.terminating = Some(terminating.max(0));
+        self.track(status, &pods, &removing, finish, terminating)
+            .await?;
+        if let Some(e) = manage_err {
+            return Err(e);
+        }
+        if !settled {
+            self.requeue
+                .extend(self.st.expectations.expires_in(&self.key));
+        }
+        Ok(match self.requeue.iter().min() {
+            Some(d) => Action::requeue((*d).max(Duration::from_millis(100))),
+            None => Action::await_change(),
+        })
+    }
+
+    /// Time left before activeDeadlineSeconds (zero when past), if set.
+    fn deadline_left(&self, status: &JobStatus, suspended: bool) -> Option<Duration> {
+        let secs = self.job.spec.as_ref()?.active_deadline_seconds?;
+        if suspended {
+            return None;
+        }
+        let start = status.start_time.as_ref()?.0;
+        let end = start
+            .checked_add(jiff::SignedDuration::from_secs(secs))
+            .ok()?;
+        let left = end.duration_since(jiff::Timestamp::now());
+        Some(if left.is_positive() {
+            Duration::from_millis(left.as_millis() as u64 + 100)
+        } else {
+            Duration::ZERO
+        })
+    }
+
+    fn record_backoff(&self, new_ok: i32, new_failed: i32) {
+        let mut m = lock(&self.st.backoff);
+        if new_failed > 0 {
+            let e = m.entry(self.key.clone()).or_insert((0, Instant::now()));
+            *e = (e.0 + new_failed as u32, Instant::now());
+        } else if new_ok > 0 {
+            m.remove(&self.key);
+        }
+    }
+
+    /// How long new pods must wait after recent failures.
+    fn backoff_left(&self) -> Duration {
+        let m = lock(&self.st.backoff);
+        let Some((n, at)) = m.get(&self.key) else {
+            return Duration::ZERO;
+        };
+        let exp = n.saturating_sub(1).min(16);
+        let delay = (POD_BACKOFF * 2u32.pow(exp)).min(POD_BACKOFF_MAX);
+        delay.saturating_sub(at.elapsed())
+    }
+
+    /// The Job's pods, after adopting matching orphans (adding the
+    /// tracking finalizer) and releasing strays.
+    async fn claim_pods(&self) -> Result<Vec<Arc<Pod>>> {
+        let uid = self.job.uid().unwrap_or_default();
+        let deleting = self.job.metadata.deletion_timestamp.is_some();
+        let sel = self.job.spec.as_ref().and_then(|s| s.selector.clone());
+        let candidates = self
+            .st
+            .pods
+            .state_filter(|p| p.metadata.namespace.as_deref() == Some(self.ns.as_str()));
+        let mut owned = Vec::new();
+        let mut may_adopt = None;
+        for pod in candidates {
+            let selected = sel.as_ref().is_some_and(|s| {
+                !selector::is_empty(s) && selector::matches(s, pod.metadata.labels.as_ref())
+            });
+            match claim::classify(&uid, deleting, selected, &pod.metadata) {
+                Claim::Owned => owned.push(pod),
+                Claim::Adopt if !is_finished(&pod) => {
+                    if may_adopt.is_none() {
+                        let api = Api::<Job>::namespaced(self.st.client.clone(), &self.ns);
+                        may_adopt = Some(claim::can_adopt(&api, &self.job).await?);
+                    }
+                    if may_adopt == Some(true) {
+                        let adopted = claim::adopt(
+                            &self.pods_api(),
+                            &*pod,
+                            claim::controller_ref(&self.job),
+                            Some(TRACKING_FINALIZER),
+                        )
+                        .await?;
+                        owned.push(Arc::new(adopted));
+                    }
+                }
+                Claim::Release => claim::release(&self.pods_api(), &*pod, &uid).await?,
+                _ => {}
+            }
+        }
+        Ok(owned)
+    }
+
+    /// Bring the active pods to what parallelism and the remaining
+    /// completions want (upstream `manageJob`). Returns active, ready and
+    /// terminating counts after acting.
+    async fn manage(
+        &mut self,
+        spec: &k8s_openapi::api::batch::v1::JobSpec,
+        active: &[Arc<Pod>],
+        succeeded: i32,
+        terminating: i32,
+    ) -> Result<(i32, i32, i32)> {
+        let n_active = active.len() as i32;
+        let ready = active.iter().filter(|p| pods::is_ready(p)).count() as i32;
+        if spec.suspend == Some(true) {
+            let (deleted, deleted_ready, err) = self.delete_pods(active, true).await;
+            if let Some(e) = err {
+                return Err(e);
+            }
+            return Ok((
+                n_active - deleted,
+                ready - deleted_ready,
+                terminating + deleted,
+            ));
+        }
+        let parallelism = spec.parallelism.unwrap_or(1).max(0);
+        let want = match spec.completions {
+            // Without completions, the first success means: let the rest
+            // finish, start no more.
+            None if succeeded > 0 => n_active,
+            None => parallelism,
+            Some(c) => (c - succeeded).clamp(0, parallelism),
+        };
+        if n_active > want {
+            let victims = pods::pick_victims(
+                active,
+                &[],
+                ((n_active - want) as usize).min(MAX_PODS_PER_SYNC),
+                self.now,
+            );
+            let (deleted, deleted_ready, err) = self.delete_pods(&victims, true).await;
+            if let Some(e) = err {
+                return Err(e);
+            }
+            return Ok((
+                n_active - deleted,
+                ready - deleted_ready,
+                terminating + deleted,
+            ));
+        }
+        // podReplacementPolicy Failed waits for terminating pods to end.
+        let waiting = if spec.pod_replacement_policy.as_deref() == Some("Failed") {
+            terminating
+        } else {
+            0
+        };
+        let missing = want - waiting - n_active;
+        if missing <= 0 {
+            return Ok((n_active, ready, terminating));
+        }
+        let wait = self.backoff_left();
+        if !wait.is_zero() {
+            self.requeue.push(wait);
+            return Ok((n_active, ready, terminating));
+        }
+        let n = (missing as usize).min(MAX_PODS_PER_SYNC);
+        let made = self.create_pods(spec, n).await?;
+        Ok((n_active + made as i32, ready, terminating))
+    }
+
+    async fn create_pods(
+        &self,
+        spec: &k8s_openapi::api::batch::v1::JobSpec,
+        n: usize,
+    ) -> Result<usize> {
+        let mut template = spec.template.clone();
+        let meta = template.metadata.get_or_insert_with(Default::default);
+        let fs = meta.finalizers.get_or_insert_with(Vec::new);
+        if !fs.iter().any(|f| f == TRACKING_FINALIZER) {
+            fs.push(TRACKING_FINALIZER.into());
+        }
+        let owner = claim::controller_ref(&self.job);
+        let prefix = pods::name_prefix(&self.job.name_any());
+        let api = self.pods_api();
+        self.st.expectations.creating(&self.key, n);
+        let (ok, made, err) = pods::slow_start(n, |_| {
+            let pod = pods::from_template(&template, prefix.clone(), owner.clone());
+            let api = &api;
+            async move {
+                match api.create(&PostParams::default(), &pod).await {
+                    Ok(p) => {
+                        let name = p.name_any();
+                        self.st.expectations.created(&self.key, Some(&name));
+                        self.st
+                            .events
+                            .normal(
+                                &self.job,
+                                "SuccessfulCreate",
+                                format!("Created pod: {name}"),
+                            )
+                            .await;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.st.expectations.created(&self.key, None);
+                        self.st
+                            .events
+                            .warning(&self.job, "FailedCreate", format!("Error creating: {e}"))
+                            .await;
+                        Err(e)
+                    }
+                }
+            }
+        })
+        .await;
+        for _ in made..n {
+            self.st.expectations.created(&self.key, None);
+        }
+        match err {
+            Some(e) => Err(e).ctx(|| format!("creating pods for job {}", self.key)),
+            None => Ok(ok),
+        }
+    }
+
+    /// Delete `victims` (keeping their finalizers: they are counted once
+    /// they are gone). `expect` records expectations for the deletions.
+    /// Returns how many were deleted, how many of those were ready, and
+    /// the first error.
+    async fn delete_pods(
+        &self,
+        victims: &[Arc<Pod>],
+        expect: bool,
+    ) -> (i32, i32, Option<workload::Error>) {
+        let api = self.pods_api();
+        if expect {
+            for v in victims {
+                self.st.expectations.deleting(
+                    &self.key,
+                    &v.name_any(),
+                    v.metadata.uid.as_deref().unwrap_or_default(),
+                );
+            }
+        }
+        let results = futures::future::join_all(victims.iter().map(|v| {
+            let api = &api;
+            async move {
+                let name = v.name_any();
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: v.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&name, &dp).await {
+                    Ok(_) => {
+                        self.st
+                            .events
+                            .normal(
+                                &self.job,
+                                "SuccessfulDelete",
+                                format!("Deleted pod: {name}"),
+                            )
+                            .await;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.st.expectations.delete_failed(&self.key, &name);
+                        if is_not_found(&e) {
+                            return Ok(());
+                        }
+                        self.st
+                            .events
+                            .warning(&self.job, "FailedDelete", format!("Error deleting: {e}"))
+                            .await;
+                        Err(e).ctx(|| format!("deleting pod {name} of job {}", self.key))
+                    }
+                }
+            }
+        }))
+        .await;
+        let mut deleted = 0;
+        let mut deleted_ready = 0;
+        let mut first = None;
+        for (v, r) in victims.iter().zip(results) {
+            match r {
+                Ok(()) => {
+                    deleted += 1;
+                    if pods::is_ready(v) {
+                        deleted_ready += 1;
+                    }
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        (deleted, deleted_ready, first)
+    }
+
+    /// Suspended / resumed conditions and events; a resumed Job's
+    /// activeDeadlineSeconds counts from the resume.
+    async fn suspend_conditions(&self, status: &mut JobStatus, suspended: bool) {
+        if suspended {
+            if ensure_condition(
+                status,
+                "Suspended",
+                "True",
+                "JobSuspended",
+                "Job suspended",
+                self.now,
+            ) {
+                self.st
+                    .events
+                    .normal(&self.job, "Suspended", "Job suspended".into())
+                    .await;
+            }
+        } else if ensure_condition(
+            status,
+            "Suspended",
+            "False",
+            "JobResumed",
+            "Job resumed",
+            self.now,
+        ) {
+            self.st
+                .events
+                .normal(&self.job, "Resumed", "Job resumed".into())
+                .await;
+            status.start_time = Some(Time(self.now));
+        }
+    }
+
+    /// Count finished pods through uncountedTerminatedPods and their
+    /// finalizers, then set the terminal condition when it is due (upstream
+    /// `trackJobStatusAndRemoveFinalizers`).
+    async fn track(
+        &mut self,
+        mut status: JobStatus,
+        pods: &[Arc<Pod>],
+        removing: &HashSet<String>,
+        finish: Option<JobCondition>,
+        terminating: i32,
+    ) -> Result<()> {
+        let mut unc = status.uncounted_terminated_pods.clone().unwrap_or_default();
+        let mut unc_ok: Vec<String> = unc.succeeded.take().unwrap_or_default();
+        let mut unc_failed: Vec<String> = unc.failed.take().unwrap_or_default();
+        let with_finalizer: HashSet<String> = pods
+            .iter()
+            .filter(|p| has_finalizer(p))
+            .filter_map(|p| p.metadata.uid.clone())
+            .filter(|u| !removing.contains(u))
+            .collect();
+        count_uncounted(&mut status, &mut unc_ok, &mut unc_failed, &with_finalizer);
+
+        let failing = finish.as_ref().is_some_and(|c| c.type_ == "FailureTarget");
+        let deleting = self.job.metadata.deletion_timestamp.is_some();
+        let mut to_release = Vec::new();
+        for p in pods {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            if !with_finalizer.contains(&uid) {
+                continue;
+            }
+            let failed = is_failed(p);
+            let succeeded = pods::phase(p) == "Succeeded";
+            if !(deleting || finish.is_some() || succeeded || failed) {
+                continue;
+            }
+            to_release.push(p.clone());
+            if succeeded && !unc_failed.contains(&uid) {
+                if !unc_ok.contains(&uid) {
+                    unc_ok.push(uid);
+                }
+            } else if (failed || failing) && !unc_failed.contains(&uid) {
+                unc_failed.push(uid);
+            }
+        }
+
+        // Interim conditions go in before finalizers come off, so the
+        // decision survives a restart.
+        let mut final_cond = None;
+        if let Some(f) = &finish {
+            let conds = status.conditions.get_or_insert_with(Vec::new);
+            if !conds.iter().any(|c| c.type_ == f.type_) {
+                conds.push(f.clone());
+            }
+            let t = if f.type_ == "FailureTarget" {
+                "Failed"
+            } else {
+                "Complete"
+            };
+            let (reason, msg) = (
+                f.reason.clone().unwrap_or_default(),
+                f.message.clone().unwrap_or_default(),
+            );
+            final_cond = Some(new_condition(t, &reason, &msg, self.now));
+        }
+        set_uncounted(&mut status, &unc_ok, &unc_failed);
+        self.write_status(status).await?;
+
+        // Finalizers off, then the counters.
+        let api = self.pods_api();
+        let results = futures::future::join_all(to_release.iter().map(|p| {
+            self.st
+                .removing
+                .expect(&self.key, p.metadata.uid.as_deref().unwrap_or_default());
+            let api = &api;
+            async move { remove_finalizer(api, p).await }
+        }))
+        .await;
+        let mut with_finalizer = with_finalizer;
+        let mut rm_err = None;
+        for (p, r) in to_release.iter().zip(results) {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            match r {
+                Ok(()) => {
+                    with_finalizer.remove(&uid);
+                }
+                Err(e) => {
+                    self.st.removing.cancel(&self.key, &uid);
+                    rm_err.get_or_insert(e);
+                }
+            }
+        }
+        let mut status = self.job.status.clone().unwrap_or_default();
+        count_uncounted(&mut status, &mut unc_ok, &mut unc_failed, &with_finalizer);
+        set_uncounted(&mut status, &unc_ok, &unc_failed);
+
+        // Finished once every pod is counted and none is still running.
+        let mut done = None;
+        if let Some(c) = final_cond {
+            if rm_err.is_none() && unc_ok.is_empty() && unc_failed.is_empty() && terminating == 0 {
+                let reason = c.reason.clone().unwrap_or_default();
+                let msg = c.message.clone().unwrap_or_default();
+                ensure_condition(&mut status, &c.type_, "True", &reason, &msg, self.now);
+                if c.type_ == "Complete" {
+                    status.completion_time = Some(Time(self.now));
+                }
+                done = Some(c);
+            }
+        }
+        self.write_status(status).await?;
+        if let Some(e) = rm_err {
+            return Err(e);
+        }
+        if let Some(c) = done {
+            self.record_finished(&c).await;
+        }
+        Ok(())
+    }
+
+    async fn record_finished(&self, c: &JobCondition) {
+        let s = self.job.status.clone().unwrap_or_default();
+        if c.type_ == "Complete" {
+            let completions = self.job.spec.as_ref().and_then(|s| s.completions);
+            if completions.is_some_and(|n| s.succeeded.unwrap_or(0) > n) {
+                self.st
+                    .events
+                    .warning(
+                        &self.job,
+                        "TooManySucceededPods",
+                        "Too many succeeded pods running after completion count reached".into(),
+                    )
+                    .await;
+            }
+            self.st
+                .events
+                .normal(&self.job, "Completed", "Job completed".into())
+                .await;
+            tracing::info!(job = %self.key, succeeded = s.succeeded.unwrap_or(0), "job completed");
+        } else {
+            let reason = c.reason.clone().unwrap_or_default();
+            self.st
+                .events
+                .warning(&self.job, &reason, c.message.clone().unwrap_or_default())
+                .await;
+            tracing::info!(job = %self.key, reason, failed = s.failed.unwrap_or(0), "job failed");
+        }
+    }
+
+    async fn write_status(&mut self, s: JobStatus) -> Result<()> {
+        if self.job.status.as_ref() == Some(&s) {
+            return Ok(());
+        }
+        let mut j = self.job.clone();
+        j.status = Some(s);
+        self.job = Api::<Job>::namespaced(self.st.client.clone(), &self.ns)
+            .replace_status(&self.job.name_any(), &PostParams::default(), &j)
+            .await
+            .ctx(|| format!("updating status of job {}", self.key))?;
+        Ok(())
+    }
+}
+
+/// Move uncounted uids whose pods no longer carry the finalizer into the
+/// counters. Returns whether anything moved.
+fn count_uncounted(
+    status: &mut JobStatus,
+    ok: &mut Vec<String>,
+    failed: &mut Vec<String>,
+    with_finalizer: &HashSet<String>,
+) -> bool {
+    let (ok_before, failed_before) = (ok.len(), failed.len());
+    ok.retain(|u| with_finalizer.contains(u));
+    failed.retain(|u| with_finalizer.contains(u));
+    let (dok, dfailed) = (
+        (ok_before - ok.len()) as i32,
+        (failed_before - failed.len()) as i32,
+    );
+    if dok > 0 {
+        status.succeeded = Some(status.succeeded.unwrap_or(0) + dok);
+    }
+    if dfailed > 0 {
+        status.failed = Some(status.failed.unwrap_or(0) + dfailed);
+    }
+    dok + dfailed > 0
+}
+
+fn set_uncounted(status: &mut JobStatus, ok: &[String], failed: &[String]) {
+    status.uncounted_terminated_pods = Some(UncountedTerminatedPods {
+        succeeded: (!ok.is_empty()).then(|| ok.to_vec()),
+        failed: (!failed.is_empty()).then(|| failed.to_vec()),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uncounted_pods_move_to_counters_once_released() {
+        let mut s = JobStatus::default();
+        let mut ok = vec!["a".to_string(), "b".to_string()];
+        let mut failed = vec!["c".to_string()];
+        let still: HashSet<String> = ["b".to_string()].into();
+        assert!(count_uncounted(&mut s, &mut ok, &mut failed, &still));
+        assert_eq!((s.succeeded, s.failed), (Some(1), Some(1)));
+        assert_eq!(ok, ["b"]);
+        assert!(failed.is_empty());
+        // Nothing released: nothing moves, so nothing is counted twice.
+        assert!(!count_uncounted(&mut s, &mut ok, &mut failed, &still));
+    }
+
+    #[test]
+    fn conditions_change_only_on_status_change() {
+        let now = jiff::Timestamp::from_second(100).unwrap();
+        let mut s = JobStatus::default();
+        assert!(!ensure_condition(
+            &mut s,
+            "Suspended",
+            "False",
+            "JobResumed",
+            "Job resumed",
+            now
+        ));
+        assert!(ensure_condition(
+            &mut s,
+            "Suspended",
+            "True",
+            "JobSuspended",
+            "Job suspended",
+            now
+        ));
+        assert!(!ensure_condition(
+            &mut s,
+            "Suspended",
+            "True",
+            "JobSuspended",
+            "Job suspended",
+            now
+        ));
+        assert!(ensure_condition(
+            &mut s,
+            "Suspended",
+            "False",
+            "JobResumed",
+            "Job resumed",
+            now
+        ));
+    }
 }

@@ -185,7 +185,8 @@ async fn claim_pods(rs: &ReplicaSet, st: &State) -> Result<Vec<Arc<Pod>>> {
                     may_adopt = Some(claim::can_adopt(&rs_api, rs).await?);
                 }
                 if may_adopt == Some(true) {
-                    let adopted = claim::adopt(&api, &*pod, claim::controller_ref(rs)).await?;
+                    let adopted =
+                        claim::adopt(&api, &*pod, claim::controller_ref(rs), None).await?;
                     tracing::info!(replicaset = %workload::key(rs), pod = %pod.name_any(), "adopted pod");
                     owned.push(Arc::new(adopted));
                 }

@@ -250,6 +250,12 @@ pub async fn drive<K, C, F, Fut>(
 /// controller shut down mid-reconcile leaves nothing running).
 pub struct AbortOnDrop<T>(JoinHandle<T>);
 
+impl<T: Send + 'static> AbortOnDrop<T> {
+    pub fn spawn(f: impl Future<Output = T> + Send + 'static) -> Self {
+        AbortOnDrop(tokio::spawn(f))
+    }
+}
+
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();

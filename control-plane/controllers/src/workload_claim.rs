@@ -62,11 +62,17 @@ pub fn classify(owner_uid: &str, owner_deleting: bool, selected: bool, meta: &Ob
     }
 }
 
-/// Make `owner` the controller of `obj`.
+/// Make `owner` the controller of `obj`, adding `finalizer` if given (the
+/// Job controller tracks its pods with one).
 ///
 /// # Errors
 /// The patch fails (a conflict when `obj` changed since it was cached).
-pub async fn adopt<K>(api: &Api<K>, obj: &K, owner: OwnerReference) -> Result<K>
+pub async fn adopt<K>(
+    api: &Api<K>,
+    obj: &K,
+    owner: OwnerReference,
+    finalizer: Option<&str>,
+) -> Result<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
@@ -76,8 +82,15 @@ where
     let what = format!("{} {}", owner.kind, owner.name);
     refs.push(owner);
     let name = meta.name.clone().unwrap_or_default();
-    let patch =
+    let mut patch =
         json!({"metadata": {"resourceVersion": meta.resource_version, "ownerReferences": refs}});
+    if let Some(f) = finalizer {
+        let mut fs = meta.finalizers.clone().unwrap_or_default();
+        if !fs.iter().any(|x| x == f) {
+            fs.push(f.to_string());
+        }
+        patch["metadata"]["finalizers"] = json!(fs);
+    }
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .ctx(|| format!("adopting {} {name} into {what}", K::kind(&())))

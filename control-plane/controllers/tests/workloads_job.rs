@@ -1,0 +1,293 @@
+//! Job controller against a real API server: completions within
+//! parallelism, tracking finalizers, backoffLimit (with the replacement of
+//! a failed pod after back-off), activeDeadlineSeconds, suspend, and
+//! ttlSecondsAfterFinished.
+
+mod workloads_support;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use workloads_support::{until, Env};
+
+const FINALIZER: &str = "batch.kubernetes.io/job-tracking";
+
+fn job_yaml(name: &str, spec: &str) -> String {
+    format!(
+        r#"
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {name}
+spec:
+  {spec}
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: c
+        image: busybox:1
+"#
+    )
+}
+
+async fn job(env: &Env, name: &str) -> Job {
+    Api::<Job>::default_namespaced(env.client.clone())
+        .get(name)
+        .await
+        .expect("get job")
+}
+
+/// (active, succeeded, failed) from the status.
+fn counts(j: &Job) -> (i32, i32, i32) {
+    let s = j.status.clone().unwrap_or_default();
+    (
+        s.active.unwrap_or(0),
+        s.succeeded.unwrap_or(0),
+        s.failed.unwrap_or(0),
+    )
+}
+
+/// The reason of condition `type_` when it is True.
+fn condition(j: &Job, type_: &str) -> Option<String> {
+    j.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+        .map(|c| c.reason.clone().unwrap_or_default())
+}
+
+async fn job_pods(env: &Env, name: &str) -> Vec<Pod> {
+    env.list_pods(&format!("batch.kubernetes.io/job-name={name}"))
+        .await
+}
+
+async fn active_job_pods(env: &Env, name: &str) -> Vec<Pod> {
+    env.active_pods(&format!("batch.kubernetes.io/job-name={name}"))
+        .await
+}
+
+async fn wait_active(env: &Env, name: &str, n: usize) -> Vec<Pod> {
+    until(&format!("{n} active pods of {name}"), 20, || async {
+        let have = active_job_pods(env, name).await.len();
+        (have == n).then_some(()).ok_or(format!("{have}"))
+    })
+    .await;
+    active_job_pods(env, name).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_completions_within_parallelism() {
+    let env = Env::start(&["job"]).await;
+    env.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &job_yaml("calc", "completions: 4\n  parallelism: 2"),
+    );
+    let j = job(&env, "calc").await;
+    let uid = j.uid().unwrap();
+    let pods = wait_active(&env, "calc", 2).await;
+    for p in &pods {
+        let l = p.labels();
+        for (k, v) in [
+            ("batch.kubernetes.io/controller-uid", uid.as_str()),
+            ("controller-uid", uid.as_str()),
+            ("batch.kubernetes.io/job-name", "calc"),
+            ("job-name", "calc"),
+        ] {
+            assert_eq!(
+                l.get(k).map(String::as_str),
+                Some(v),
+                "label {k} of {}",
+                p.name_any()
+            );
+        }
+        assert!(p.name_any().starts_with("calc-"));
+        assert!(p.finalizers().iter().any(|f| f == FINALIZER));
+        assert_eq!(p.owner_references()[0].uid, uid);
+    }
+    until(
+        "the status to show 2 active and a start time",
+        10,
+        || async {
+            let j = job(&env, "calc").await;
+            let started = j.status.as_ref().is_some_and(|s| s.start_time.is_some());
+            (counts(&j) == (2, 0, 0) && started)
+                .then_some(())
+                .ok_or(format!("{:?}", counts(&j)))
+        },
+    )
+    .await;
+
+    // The agent: each pod runs and succeeds; never more than 2 at once.
+    until("4 completions", 30, || async {
+        let active = active_job_pods(&env, "calc").await;
+        assert!(active.len() <= 2, "{} pods active", active.len());
+        if let Some(p) = active.first() {
+            env.set_finished(&p.name_any(), "Succeeded").await;
+        }
+        let j = job(&env, "calc").await;
+        condition(&j, "Complete")
+            .map(|_| ())
+            .ok_or(format!("{:?}", counts(&j)))
+    })
+    .await;
+    let j = job(&env, "calc").await;
+    assert_eq!(counts(&j), (0, 4, 0));
+    assert_eq!(
+        condition(&j, "Complete").as_deref(),
+        Some("CompletionsReached")
+    );
+    assert!(condition(&j, "SuccessCriteriaMet").is_some());
+    assert!(j.status.as_ref().unwrap().completion_time.is_some());
+    let pods = job_pods(&env, "calc").await;
+    assert_eq!(pods.len(), 4, "exactly one pod per completion");
+    assert!(
+        pods.iter()
+            .all(|p| !p.finalizers().iter().any(|f| f == FINALIZER)),
+        "finalizers left"
+    );
+    until("the Completed event", 10, || async {
+        let evs = env.events("Completed").await;
+        evs.contains(&"Job completed".to_string())
+            .then_some(())
+            .ok_or(format!("{evs:?}"))
+    })
+    .await;
+    let out = env.kubectl(&[
+        "wait",
+        "--for=condition=complete",
+        "job/calc",
+        "--timeout=10s",
+    ]);
+    assert!(out.contains("condition met"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_past_the_backoff_limit_and_expires() {
+    let env = Env::start(&["job"]).await;
+    let spec = "completions: 3\n  parallelism: 3\n  backoffLimit: 1\n  ttlSecondsAfterFinished: 1";
+    env.kubectl_stdin(&["apply", "-f", "-"], &job_yaml("flaky", spec));
+    let pods = wait_active(&env, "flaky", 3).await;
+    env.set_running(&pods[2].name_any(), true).await;
+    // Two failures with a limit of one: the Job fails, its last pod goes.
+    env.set_finished(&pods[0].name_any(), "Failed").await;
+    env.set_finished(&pods[1].name_any(), "Failed").await;
+    until("the job to fail", 20, || async {
+        let j = job(&env, "flaky").await;
+        condition(&j, "Failed")
+            .map(|_| ())
+            .ok_or(format!("{:?}", counts(&j)))
+    })
+    .await;
+    let j = job(&env, "flaky").await;
+    assert_eq!(
+        condition(&j, "Failed").as_deref(),
+        Some("BackoffLimitExceeded")
+    );
+    assert_eq!(
+        condition(&j, "FailureTarget").as_deref(),
+        Some("BackoffLimitExceeded")
+    );
+    // The running pod was killed, and counts as failed too.
+    assert_eq!(counts(&j), (0, 0, 3));
+    assert!(active_job_pods(&env, "flaky").await.is_empty());
+    let evs = env.events("BackoffLimitExceeded").await;
+    assert!(
+        evs.contains(&"Job has reached the specified backoff limit".to_string()),
+        "{evs:?}"
+    );
+    // ttlSecondsAfterFinished: 1.
+    until("the finished job to be deleted", 20, || async {
+        let j = Api::<Job>::default_namespaced(env.client.clone())
+            .get_opt("flaky")
+            .await
+            .unwrap();
+        j.is_none_or(|j| j.metadata.deletion_timestamp.is_some())
+            .then_some(())
+            .ok_or("still there".into())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaces_a_failed_pod_after_back_off() {
+    let env = Env::start(&["job"]).await;
+    env.kubectl_stdin(&["apply", "-f", "-"], &job_yaml("retry", "backoffLimit: 2"));
+    let first = wait_active(&env, "retry", 1).await[0].name_any();
+    env.set_finished(&first, "Failed").await;
+    // Upstream's first back-off is 10 s.
+    until("a replacement pod", 30, || async {
+        let active = active_job_pods(&env, "retry").await;
+        active
+            .iter()
+            .any(|p| p.name_any() != first)
+            .then_some(())
+            .ok_or(format!("{} active", active.len()))
+    })
+    .await;
+    let second = active_job_pods(&env, "retry").await[0].name_any();
+    env.set_finished(&second, "Succeeded").await;
+    until("completion after one failure", 20, || async {
+        let j = job(&env, "retry").await;
+        (condition(&j, "Complete").is_some() && counts(&j) == (0, 1, 1))
+            .then_some(())
+            .ok_or(format!("{:?}", counts(&j)))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stops_at_the_active_deadline_and_honours_suspend() {
+    let env = Env::start(&["job"]).await;
+    env.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &job_yaml(
+            "slow",
+            "parallelism: 2\n  completions: 2\n  activeDeadlineSeconds: 2",
+        ),
+    );
+    let pods = wait_active(&env, "slow", 2).await;
+    for p in &pods {
+        env.set_running(&p.name_any(), true).await;
+    }
+    until("the deadline to fail the job", 20, || async {
+        let j = job(&env, "slow").await;
+        condition(&j, "Failed")
+            .map(|_| ())
+            .ok_or(format!("{:?}", counts(&j)))
+    })
+    .await;
+    let j = job(&env, "slow").await;
+    assert_eq!(condition(&j, "Failed").as_deref(), Some("DeadlineExceeded"));
+    assert_eq!(counts(&j), (0, 0, 2));
+    assert!(active_job_pods(&env, "slow").await.is_empty());
+    assert!(env
+        .events("DeadlineExceeded")
+        .await
+        .contains(&"Job was active longer than specified deadline".to_string()));
+
+    // Suspended: no pods until resumed.
+    env.kubectl_stdin(&["apply", "-f", "-"], &job_yaml("later", "suspend: true"));
+    until("the Suspended condition", 20, || async {
+        let j = job(&env, "later").await;
+        condition(&j, "Suspended")
+            .map(|_| ())
+            .ok_or("not suspended".into())
+    })
+    .await;
+    assert!(job_pods(&env, "later").await.is_empty());
+    Api::<Job>::default_namespaced(env.client.clone())
+        .patch(
+            "later",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"suspend": false}})),
+        )
+        .await
+        .unwrap();
+    wait_active(&env, "later", 1).await;
+    assert!(!env.events("Resumed").await.is_empty());
+}
