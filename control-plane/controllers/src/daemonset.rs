@@ -312,7 +312,11 @@ async fn reconcile(ds: Arc<DaemonSet>, st: Arc<State>) -> Result<Action> {
         .expectations
         .satisfied(&key, |n| st.pods.get(&ObjectRef::new(n).within(&ns)));
     if settled && ds.metadata.deletion_timestamp.is_none() {
-        let (create, delete, retry) = plan(&ds, &nodes, &by_node, &st);
+        let Plan {
+            create,
+            delete,
+            retry,
+        } = plan(&ds, &nodes, &by_node, &st);
         requeue.extend(retry);
         let mut doomed = Vec::new();
         for (pod, failed) in delete {
@@ -391,6 +395,16 @@ async fn claim_pods(ds: &DaemonSet, st: &State) -> Result<HashMap<String, Vec<Ar
     Ok(by_node)
 }
 
+/// What the manage pass does to a DaemonSet's pods.
+struct Plan {
+    /// Nodes that need a daemon pod.
+    create: Vec<String>,
+    /// Pods to delete, with the FailedDaemonPod message of failed ones.
+    delete: Vec<(Arc<Pod>, Option<String>)>,
+    /// When failed pods held back by back-off may be replaced.
+    retry: Option<Duration>,
+}
+
 /// Nodes that need a daemon pod, pods that must go (failed ones with the
 /// message of their FailedDaemonPod event; duplicates; on a node they may
 /// not stay on; for a node that is gone), and when to look again for
@@ -400,11 +414,7 @@ fn plan(
     nodes: &[Arc<Node>],
     by_node: &HashMap<String, Vec<Arc<Pod>>>,
     st: &State,
-) -> (
-    Vec<String>,
-    Vec<(Arc<Pod>, Option<String>)>,
-    Option<Duration>,
-) {
+) -> Plan {
     let key = workload::key(ds);
     let mut create = Vec::new();
     let mut delete = Vec::new();
@@ -457,7 +467,11 @@ fn plan(
             );
         }
     }
-    (create, delete, retry)
+    Plan {
+        create,
+        delete,
+        retry,
+    }
 }
 
 fn bound(p: &Pod) -> bool {

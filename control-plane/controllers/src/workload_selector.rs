@@ -221,8 +221,10 @@ mod tests {
             ..Default::default()
         };
         assert!(node_matches(&spec(vec![other, gt]), &node));
-        let mut s = PodSpec::default();
-        s.node_selector = Some(labels(&[("disk", "hdd")]));
+        let s = PodSpec {
+            node_selector: Some(labels(&[("disk", "hdd")])),
+            ..Default::default()
+        };
         assert!(!node_matches(&s, &node));
     }
 

@@ -57,7 +57,7 @@ async fn replicasets(env: &Env) -> Vec<ReplicaSet> {
         .await
         .expect("list replica sets")
         .items;
-    v.sort_by_key(|rs| revision(rs));
+    v.sort_by_key(revision);
     v
 }
 
