@@ -385,10 +385,11 @@ pub(crate) fn report(id: &str, errors: &[anyhow::Error]) {
 /// can be taken), and removes subnet leases whose run directory is gone.
 /// Returns the ids of the runs it cleaned.
 pub fn sweep_stale() -> Vec<String> {
-    let mut swept = Vec::new();
     let Ok(entries) = fs::read_dir(TEST_ROOT) else {
-        return swept;
+        return Vec::new();
     };
+    // Take every dead run first: the order of teardown matters across runs.
+    let mut dead = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         if !is_run_id(&name) {
@@ -407,27 +408,54 @@ pub fn sweep_stale() -> Vec<String> {
             }
             _ => continue,
         };
-        match RunRecord::load(&dir) {
-            Ok(record) => {
-                let (netns, mut errors) = cri_teardown_blocking(&record.socket);
-                errors.extend(teardown(&record, None, &netns));
-                report(&record.id, &errors);
-            }
-            Err(_) => {
-                // No run.json: a cluster fixture's directory (its server
-                // and agents name it in their flags), or a run that died
-                // before writing it (perhaps with a containerd that never
-                // got further).
-                let _ = kill_processes_mentioning(&dir.to_string_lossy(), Signal::SIGKILL);
-                let _ = unmount_under(&dir);
-                let _ = remove_dir(&dir);
-            }
+        let record = RunRecord::load(&dir).ok();
+        dead.push((name, dir, record, lock));
+    }
+    // Runs without run.json: a cluster fixture's directory (its server and
+    // agents name it in their flags), or a run that died before writing it
+    // (perhaps with a containerd that never got further). Their processes
+    // go first: a dead cluster's agents would start sandboxes again while
+    // its containerds are torn down.
+    for (_, dir, _, _) in dead.iter().filter(|d| d.2.is_none()) {
+        let pids = kill_processes_mentioning(&dir.to_string_lossy(), Signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pids.iter().any(|p| is_alive(*p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
         }
-        drop(lock);
-        swept.push(name);
+    }
+    for (_, _, record, _) in &dead {
+        if let Some(record) = record {
+            let (netns, mut errors) = cri_teardown_blocking(&record.socket);
+            errors.extend(teardown(record, None, &netns));
+            report(&record.id, &errors);
+        }
+    }
+    // Their directories last: a containerd's CNI DEL writes host-local
+    // state into the agent's root directory inside a cluster's.
+    for (_, dir, _, _) in dead.iter().filter(|d| d.2.is_none()) {
+        let _ = unmount_under(dir);
+        let _ = remove_dir(dir);
+    }
+    // A cluster leases a block of subnets under its own id.
+    for (name, dir, _, _) in &dead {
+        if !dir.exists() {
+            release_subnets_of(name);
+        }
     }
     sweep_subnet_leases();
-    swept
+    dead.into_iter().map(|(name, ..)| name).collect()
+}
+
+/// Removes every subnet lease owned by run `id`.
+fn release_subnets_of(id: &str) {
+    let Ok(entries) = fs::read_dir(SUBNET_DIR) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if fs::read_to_string(entry.path()).is_ok_and(|owner| owner.trim() == id) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn sweep_subnet_leases() {

@@ -290,7 +290,8 @@ impl Cluster {
         let cri = node.containerd.client();
         let joined = wait_for(&format!("node {name} to join"), timeout, || async {
             if !node.agent.running() {
-                bail!("its agent is not running");
+                let log = node.agent.log_tail(20);
+                return Err(give_up(anyhow!("its agent exited; log tail:\n{log}")));
             }
             let obj = Api::<NodeObject>::all(client.clone())
                 .get_opt(name)
@@ -486,6 +487,11 @@ impl Cluster {
         self.start_server().await
     }
 
+    /// The server's pid while it runs.
+    pub fn server_pid(&self) -> Option<u32> {
+        self.server.process.child.as_ref().map(|c| c.id())
+    }
+
     /// The server's whole log.
     pub fn server_log(&self) -> String {
         self.server.process.log()
@@ -643,6 +649,11 @@ impl Node {
         &self.dir
     }
 
+    /// The agent's `--static-pod-path`.
+    pub fn static_pod_dir(&self) -> PathBuf {
+        self.dir.join("manifests")
+    }
+
     /// The node's containerd (CRI client, images, logs).
     pub fn containerd(&self) -> &Containerd {
         &self.containerd
@@ -782,7 +793,9 @@ impl Server {
         let kubeconfig = self.admin_kubeconfig();
         let process = &self.process;
         wait_for("skiff-server to serve", timeout, || async {
-            ensure!(process.running(), "skiff-server is not running");
+            if !process.running() {
+                return Err(give_up(anyhow!("skiff-server exited")));
+            }
             let client = client_from(&kubeconfig).await?;
             client.apiserver_version().await?;
             Ok(())
@@ -911,10 +924,11 @@ impl Drop for Process {
 }
 
 /// Polls `probe` until it returns `Ok` or `timeout` passes. An `Err` means
-/// "not yet" and says why: the last one is the timeout error's message.
+/// "not yet" and says why: the last one is the timeout error's message;
+/// an error made with [`give_up`] ends the wait at once.
 ///
 /// # Errors
-/// Timeout, with `what` and the last reason.
+/// Timeout, with `what` and the last reason, or the probe gave up.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -925,6 +939,7 @@ where
     loop {
         match probe().await {
             Ok(v) => return Ok(v),
+            Err(e) if e.is::<GiveUp>() => bail!("gave up waiting for {what}: {e:#}"),
             Err(e) if Instant::now() >= deadline => {
                 bail!("timed out after {timeout:?} waiting for {what}; last: {e:#}")
             }
@@ -933,6 +948,24 @@ where
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(500));
     }
+}
+
+/// A state a [`wait_for`] probe cannot leave (a process died, a pod
+/// failed): waiting longer is pointless.
+#[derive(Debug)]
+pub struct GiveUp(anyhow::Error);
+
+impl std::fmt::Display for GiveUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for GiveUp {}
+
+/// Wraps `e` so that [`wait_for`] stops at once.
+pub fn give_up(e: impl Into<anyhow::Error>) -> anyhow::Error {
+    anyhow::Error::new(GiveUp(e.into()))
 }
 
 /// A kube-rs client from a kubeconfig file.

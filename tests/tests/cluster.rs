@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::ListParams;
 use kube::runtime::watcher;
 use kube::Api;
-use skiff_tests::agent::pods;
+use skiff_tests::agent::{pods, workspace_binary};
 use skiff_tests::cluster::{
     ip_in_cidr, node_ready, ready_status, wait_for, Cluster, ClusterOptions, NodeOptions,
 };
@@ -370,6 +370,8 @@ impl PodCounter {
         let task = tokio::spawn(async move {
             let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
             let mut fresh: BTreeMap<String, Pod> = BTreeMap::new();
+            // Counted only from a complete list on: not during (re-)lists.
+            let mut listing = true;
             let mut stream = std::pin::pin!(watcher(api, config));
             while let Ok(Some(event)) = stream.try_next().await {
                 match event {
@@ -379,11 +381,20 @@ impl PodCounter {
                     watcher::Event::Delete(p) => {
                         pods.remove(&uid(&p));
                     }
-                    watcher::Event::Init => fresh.clear(),
+                    watcher::Event::Init => {
+                        listing = true;
+                        fresh.clear();
+                    }
                     watcher::Event::InitApply(p) => {
                         fresh.insert(uid(&p), p);
                     }
-                    watcher::Event::InitDone => pods = std::mem::take(&mut fresh),
+                    watcher::Event::InitDone => {
+                        listing = false;
+                        pods = std::mem::take(&mut fresh);
+                    }
+                }
+                if listing {
+                    continue;
                 }
                 let active: Vec<Pod> = pods.values().filter(|p| !terminating(p)).cloned().collect();
                 let available = active.iter().filter(|p| pods::ready(p)).count();
@@ -548,32 +559,63 @@ async fn scale_rolling_update_and_undo() -> Result<()> {
     cluster.finish().await
 }
 
-/// A pod that fits no node stays Pending with a FailedScheduling event
-/// that says why; one that selects a label no node has yet is scheduled
-/// when a node with that label joins.
+/// Millicores of a CPU quantity (`2`, `1.5`, `1500m`).
+fn millicores(q: &str) -> Option<i64> {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => q.parse::<f64>().ok().map(|c| (c * 1000.0) as i64),
+    }
+}
+
+/// A bare pod of the toolbox with `extra` spec lines and a CPU request.
+fn pod_with(name: &str, extra: &str, cpu_millis: i64) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n{extra}  containers:\n  - name: main\n    image: {TOOLBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, \"{SLEEPER}\"]\n    resources:\n      requests: {{cpu: {cpu_millis}m}}\n"
+    )
+}
+
+/// Pods that fit no node stay Pending with a FailedScheduling event that
+/// says why (no room: the nodes are filled up first; a label no node
+/// has), and are scheduled when a node that has room and the label joins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unschedulable_pods_wait_for_a_node_that_fits() -> Result<()> {
     let mut cluster = Cluster::start(2, ClusterOptions::default()).await?;
     let client = cluster.client().await?;
-    let pod = |name: &str, extra: &str| {
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{test: pending}}\nspec:\n  terminationGracePeriodSeconds: 1\n{extra}  containers:\n  - name: main\n    image: {TOOLBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, \"{SLEEPER}\"]\n{}",
-            if name == "huge" {
-                "    resources:\n      requests: {cpu: \"1000\"}\n"
-            } else {
-                ""
-            }
-        )
-    };
-    cluster.apply(&pod("huge", "")).await?;
-    cluster
-        .apply(&pod("picky", "  nodeSelector: {disk: big}\n"))
-        .await?;
     let api = Api::<Pod>::namespaced(client.clone(), "default");
-
+    let node = Api::<NodeObject>::all(client.clone()).get("node-1").await?;
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("cpu"))
+        .and_then(|q| millicores(&q.0))
+        .context("node-1 has no allocatable cpu")?;
+    // 60% each: two never share a node, so each node is left without room.
+    let big = allocatable * 6 / 10;
+    for name in ["filler-1", "filler-2"] {
+        cluster.apply(&pod_with(name, "", big)).await?;
+    }
+    wait_for("the fillers to run on both nodes", T, || async {
+        let pods = [api.get("filler-1").await?, api.get("filler-2").await?];
+        let nodes: BTreeSet<String> = pods.iter().map(node_of).collect();
+        ensure!(
+            nodes.len() == 2 && pods.iter().all(|p| pods::phase(p) == "Running"),
+            "fillers: {}",
+            describe(&pods)
+        );
+        Ok(())
+    })
+    .await?;
+    cluster.apply(&pod_with("roomy", "", big)).await?;
+    cluster
+        .apply(&pod_with("picky", "  nodeSelector: {disk: big}\n", 10))
+        .await?;
     for (pod, reason) in [
-        ("huge", "Insufficient cpu"),
-        ("picky", "didn't match Pod's node affinity/selector"),
+        ("roomy", "2 Insufficient cpu"),
+        (
+            "picky",
+            "2 node(s) didn't match Pod's node affinity/selector",
+        ),
     ] {
         wait_for(&format!("FailedScheduling of {pod}"), T, || async {
             let messages = pod_events(&cluster, pod, "FailedScheduling").await?;
@@ -596,57 +638,46 @@ async fn unschedulable_pods_wait_for_a_node_that_fits() -> Result<()> {
                 ),
                 "PodScheduled condition {cond:?}"
             );
-            ensure!(node_of(&p).is_empty() && pods::phase(&p) == "Pending");
+            ensure!(
+                node_of(&p).is_empty() && pods::phase(&p) == "Pending",
+                "{}",
+                describe(&[p])
+            );
             Ok(())
         })
         .await?;
     }
 
     let labels = vec![("disk".to_string(), "big".to_string())];
-    let node = cluster
+    let new_node = cluster
         .add_node(NodeOptions {
             labels,
             ..Default::default()
         })
-        .await?;
-    let new_node = node.name().to_string();
-    let p = wait_for("picky to run on the new node", T, || async {
-        let p = api.get("picky").await?;
+        .await?
+        .name()
+        .to_string();
+    let pods = wait_for("roomy and picky to run on the new node", T, || async {
+        let pods = [api.get("roomy").await?, api.get("picky").await?];
         ensure!(
-            node_of(&p) == new_node && pods::phase(&p) == "Running" && pods::ready(&p),
-            "node {:?}, phase {}, ready {}",
-            node_of(&p),
-            pods::phase(&p),
-            pods::ready(&p)
+            pods.iter()
+                .all(|p| node_of(p) == new_node && pods::phase(p) == "Running" && pods::ready(p)),
+            "{}",
+            describe(&pods)
         );
-        Ok(p)
+        Ok(pods)
     })
     .await?;
     let running = running_containers(&cluster).await?;
-    ensure!(
-        running
-            .iter()
-            .any(|r| r.pod_uid == uid(&p) && r.node == new_node),
-        "picky's container is not running on {new_node}: {running:?}"
-    );
-    // The pod that fits nowhere is retried against the new node too.
-    wait_for("huge to be retried on 3 nodes", T, || async {
-        let messages = pod_events(&cluster, "huge", "FailedScheduling").await?;
+    for p in &pods {
         ensure!(
-            messages
+            running
                 .iter()
-                .any(|m| m.contains("0/3 nodes are available") && m.contains("Insufficient cpu")),
-            "FailedScheduling messages: {messages:?}"
+                .any(|r| r.pod_uid == uid(p) && r.node == new_node),
+            "{}'s container is not running on {new_node}: {running:?}",
+            name(p)
         );
-        Ok(())
-    })
-    .await?;
-    let huge = api.get("huge").await?;
-    ensure!(
-        node_of(&huge).is_empty(),
-        "huge was bound to {}",
-        node_of(&huge)
-    );
+    }
     cluster.finish().await
 }
 
@@ -966,4 +997,126 @@ async fn agents_survive_an_api_server_restart() -> Result<()> {
         bail!("running containers changed: before {stay_before:?}, after {stay_after:?}");
     }
     cluster.finish().await
+}
+
+/// Env var that turns [`cluster_victim`] on; without it that test is a no-op.
+const VICTIM_ENV: &str = "SKIFF_TESTS_CLUSTER_VICTIM";
+
+/// Helper process for [`a_sigkilled_clusters_leftovers_are_swept`]: starts
+/// a one-node cluster with a running static pod, prints what it made,
+/// then waits to be killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper process of a_sigkilled_clusters_leftovers_are_swept"]
+async fn cluster_victim() -> Result<()> {
+    if std::env::var_os(VICTIM_ENV).is_none() {
+        return Ok(());
+    }
+    let cluster = Cluster::start(1, ClusterOptions::default()).await?;
+    let node = &cluster.nodes()[0];
+    std::fs::write(
+        node.static_pod_dir().join("victim.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: victim}}\nspec:\n  containers:\n  - name: main\n    image: {TOOLBOX_IMAGE}\n    command: [sh, -c, \"{SLEEPER}\"]\n"
+        ),
+    )?;
+    wait_for("the static pod's container", T, || async {
+        ensure!(!node.running_containers().await?.is_empty(), "none yet");
+        Ok(())
+    })
+    .await?;
+    let report = serde_json::json!({
+        "dir": cluster.dir(),
+        "record": node.containerd().record(),
+        "pids": [cluster.server_pid(), node.agent_pid(), node.containerd().pid()],
+    });
+    println!("VICTIM {report}");
+    // Bounded: the parent kills us long before.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    Ok(())
+}
+
+/// A test process killed with SIGKILL leaves its cluster running; the
+/// next fixture start sweeps it: processes, containers, bridge, run
+/// directories and subnet leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_clusters_leftovers_are_swept() -> Result<()> {
+    use skiff_tests::cleanup::{self, RunRecord};
+    use tokio::io::AsyncBufReadExt as _;
+    // Built here, so that the victim's deadline does not include a build.
+    let (server, agent) = tokio::task::spawn_blocking(|| {
+        Ok::<_, anyhow::Error>((
+            workspace_binary("skiff-control-plane", "skiff-server")?,
+            workspace_binary("skiff-agent", "skiff-agent")?,
+        ))
+    })
+    .await??;
+    let mut victim = tokio::process::Command::new(std::env::current_exe()?)
+        .args([
+            "cluster_victim",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(VICTIM_ENV, "1")
+        .env("SKIFF_SERVER_BIN", server)
+        .env("SKIFF_AGENT_BIN", agent)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = victim.stdout.take().context("victim stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let report = tokio::time::timeout(T, async {
+        while let Some(line) = lines.next_line().await? {
+            // libtest prints "test cluster_victim ... " before it, unterminated.
+            if let Some((_, json)) = line.split_once("VICTIM ") {
+                return Ok(serde_json::from_str::<serde_json::Value>(json)?);
+            }
+        }
+        bail!("victim exited without a report")
+    })
+    .await
+    .context("victim did not report in time")??;
+    let dir: std::path::PathBuf = serde_json::from_value(report["dir"].clone())?;
+    let record: RunRecord = serde_json::from_value(report["record"].clone())?;
+    let pids: Vec<i32> = serde_json::from_value::<Vec<Option<i32>>>(report["pids"].clone())?
+        .into_iter()
+        .flatten()
+        .collect();
+    ensure!(pids.len() == 3, "victim's pids: {pids:?}");
+
+    victim.kill().await?;
+    let alive = |pid: i32| cleanup::is_alive(nix::unistd::Pid::from_raw(pid));
+    ensure!(
+        dir.exists() && pids.iter().all(|p| alive(*p)),
+        "the victim's cluster is not there to sweep"
+    );
+    let swept = tokio::task::spawn_blocking(cleanup::sweep_stale).await?;
+    let id = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    ensure!(
+        swept.contains(&id) && swept.contains(&record.id),
+        "swept {swept:?}, expected {id} and {}",
+        record.id
+    );
+    let mut left = cleanup::leftovers(&record, &[]);
+    for pid in pids.into_iter().filter(|p| alive(*p)) {
+        left.push(format!("process {pid}"));
+    }
+    for p in cleanup::processes_mentioning(&dir.to_string_lossy()) {
+        left.push(format!("process {p} naming {}", dir.display()));
+    }
+    if dir.exists() {
+        left.push(format!("directory {}", dir.display()));
+    }
+    for lease in std::fs::read_dir(cleanup::SUBNET_DIR)?.flatten() {
+        if std::fs::read_to_string(lease.path()).is_ok_and(|o| o.trim() == id) {
+            left.push(format!("subnet lease {}", lease.path().display()));
+        }
+    }
+    ensure!(left.is_empty(), "left behind: {left:#?}");
+    Ok(())
 }
