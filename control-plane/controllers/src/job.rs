@@ -1,4 +1,5 @@
-//! Job controller (upstream `pkg/controller/job`, NonIndexed completion):
+//! Job controller (upstream `pkg/controller/job`, NonIndexed completion
+//! only: Indexed Jobs get a warning event and are left alone):
 //! runs up to `parallelism` pods until `completions` of them succeed;
 //! fails the Job when more pods failed than `backoffLimit` allows
 //! (BackoffLimitExceeded) or it ran past `activeDeadlineSeconds`
@@ -343,6 +344,22 @@ async fn reconcile(job: Arc<Job>, st: Arc<State>) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let key = workload::key(&*job);
+    if spec
+        .completion_mode
+        .as_deref()
+        .is_some_and(|m| m != "NonIndexed")
+    {
+        // Running an Indexed Job as a NonIndexed one would hand every pod
+        // the same work: leave it alone and say so.
+        st.events
+            .warning(
+                &*job,
+                "UnsupportedCompletionMode",
+                "Skipped Job sync: only the NonIndexed completion mode is supported".into(),
+            )
+            .await;
+        return Ok(Action::await_change());
+    }
     if let Some(at) = finished(&job) {
         st.expectations.forget(&key);
         lock(&st.backoff).remove(&key);

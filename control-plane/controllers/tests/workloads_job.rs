@@ -291,3 +291,45 @@ async fn stops_at_the_active_deadline_and_honours_suspend() {
     wait_active(&env, "later", 1).await;
     assert!(!env.events("Resumed").await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_pods_that_finished_and_were_deleted_while_it_was_down() {
+    let mut env = Env::start(&["job"]).await;
+    env.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &job_yaml("batch", "completions: 3\n  parallelism: 3"),
+    );
+    let pods = wait_active(&env, "batch", 3).await;
+    env.stop_controllers().await;
+    for p in &pods {
+        env.set_finished(&p.name_any(), "Succeeded").await;
+    }
+    // Deleted before anyone counted it: the tracking finalizer keeps it.
+    env.pods()
+        .delete(&pods[0].name_any(), &Default::default())
+        .await
+        .unwrap();
+    env.start_controllers(&["job"]).await;
+    until("completion with every pod counted once", 20, || async {
+        let j = job(&env, "batch").await;
+        (condition(&j, "Complete").is_some() && counts(&j) == (0, 3, 0))
+            .then_some(())
+            .ok_or(format!("{:?}", counts(&j)))
+    })
+    .await;
+    until("the deleted pod gone once counted", 10, || async {
+        let gone = env
+            .pods()
+            .get_opt(&pods[0].name_any())
+            .await
+            .unwrap()
+            .is_none();
+        gone.then_some(()).ok_or("still there".into())
+    })
+    .await;
+    assert_eq!(
+        job_pods(&env, "batch").await.len(),
+        2,
+        "no pod was re-created"
+    );
+}
