@@ -171,8 +171,14 @@ async fn endpoint_slices_follow_pods_ports_and_selectors() {
         ]),
     )
     .await;
+    assert!(
+        eventually(WAIT, || async {
+            slices_of(&slices, "web").await.len() == 2
+        })
+        .await,
+        "one slice per port list, no placeholder left"
+    );
     let all = slices_of(&slices, "web").await;
-    assert_eq!(all.len(), 2, "one slice per port list, no placeholder left");
     let a = endpoint_of(&all, "a");
     assert_eq!(a.addresses, vec!["198.18.0.10".to_string()]);
     assert_eq!(a.node_name.as_deref(), Some("node-1"));

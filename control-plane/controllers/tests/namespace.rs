@@ -94,9 +94,12 @@ async fn deleting_a_namespace_deletes_its_content_then_the_namespace() {
         .await,
         "content deleted"
     );
-    let running = pods.get("running").await.unwrap();
     assert!(
-        running.metadata.deletion_timestamp.is_some(),
+        eventually(WAIT, || async {
+            let p = pods.get("running").await.unwrap();
+            p.metadata.deletion_timestamp.is_some()
+        })
+        .await,
         "running pod is terminating"
     );
     assert!(

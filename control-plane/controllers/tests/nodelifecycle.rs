@@ -26,7 +26,9 @@ async fn start_controllers(server: &TestServer) -> tokio::sync::oneshot::Sender<
     let cfg = Config {
         controllers: vec!["nodelifecycle".into()],
         node_monitor_period: Duration::from_millis(200),
-        node_monitor_grace_period: Duration::from_secs(2),
+        // Long enough that a renewing test agent on a loaded machine is
+        // never late.
+        node_monitor_grace_period: Duration::from_secs(3),
         ..Config::default()
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -192,7 +194,7 @@ async fn silent_node_is_tainted_its_pods_evicted_and_recovery_untaints() {
         json!([{"key": "example.com/maintenance", "operator": "Exists", "effect": "NoExecute"}]),
     )
     .await;
-    let _stop = start_controllers(&server).await;
+    let stop = start_controllers(&server).await;
 
     // n1 stops: after the grace period it is Unknown and tainted.
     assert!(
@@ -285,7 +287,10 @@ async fn silent_node_is_tainted_its_pods_evicted_and_recovery_untaints() {
     assert!(eventually(WAIT, || terminating(&pods, "n2-plain")).await);
     assert!(!terminating(&pods, "n2-tolerant").await);
 
-    // n1's agent comes back: the taint goes.
+    // The controller restarts (state is all in the API), then n1's agent
+    // comes back: the taint goes.
+    let _ = stop.send(());
+    let _stop = start_controllers(&server).await;
     let _n1_agent = keep_renewing(leases.clone(), "n1");
     post_status(&nodes, "n1", "True").await;
     assert!(

@@ -170,6 +170,7 @@ pub fn plan(
                 out.delete.push((*s).clone());
             }
         }
+        reuse_deleted(svc, &mut out);
         return out;
     }
 
@@ -246,7 +247,35 @@ pub fn plan(
                 .push(with_content(svc, w.slice, None, w.endpoints));
         }
     }
+    reuse_deleted(svc, &mut out);
     out
+}
+
+/// Turn creates into updates of slices that would be deleted (upstream's
+/// finalize step): one write instead of two, and the name stays. Only
+/// slices this Service owns, of the same address type, are reused (not a
+/// slice of an earlier Service of the same name, still being collected).
+fn reuse_deleted(svc: &Service, p: &mut Plan) {
+    let mut i = 0;
+    while i < p.delete.len() && !p.create.is_empty() {
+        let old = &p.delete[i];
+        let owned = old
+            .owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == svc.uid().as_ref());
+        if !owned || old.address_type != "IPv4" {
+            i += 1;
+            continue;
+        }
+        let old = p.delete.remove(i);
+        let Some(new) = p.create.pop() else {
+            break;
+        };
+        let ports = new.ports.unwrap_or_default();
+        let endpoints = new.endpoints.unwrap_or_default();
+        p.update
+            .push(with_content(svc, &old, Some(ports), endpoints));
+    }
 }
 
 #[cfg(test)]
@@ -336,13 +365,20 @@ mod tests {
     #[test]
     fn port_change_replaces_slices_and_empty_means_placeholder() {
         let a = existing("web-a", 80, (0..3).map(ep).collect());
+        // A new port list reuses the old slice instead of create + delete.
         let p = plan(&svc(), groups(81, (0..3).map(ep).collect()), &[&a]);
-        assert_eq!(p.create.len(), 1);
-        assert_eq!(p.delete.len(), 1);
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        assert_eq!(p.update[0].name_any(), "web-a");
+        assert_eq!(p.update[0].ports, Some(port(81)));
         let p = plan(&svc(), BTreeMap::new(), &[&a]);
-        assert_eq!(p.create.len(), 1);
-        assert!(p.create[0].endpoints.as_ref().unwrap().is_empty());
-        assert_eq!(p.delete.len(), 1);
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        assert!(p.update[0].endpoints.as_ref().unwrap().is_empty());
+        assert!(p.update[0].ports.as_ref().unwrap().is_empty());
+        // A slice of another owner is not reused.
+        let mut foreign = a.clone();
+        foreign.metadata.owner_references = None;
+        let p = plan(&svc(), BTreeMap::new(), &[&foreign]);
+        assert_eq!((p.create.len(), p.delete.len()), (1, 1));
         let placeholder = existing("web-b", 0, Vec::new());
         let mut placeholder = placeholder;
         placeholder.ports = Some(Vec::new());
