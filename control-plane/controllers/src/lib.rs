@@ -27,6 +27,7 @@ pub mod workload_claim;
 pub mod workload_events;
 pub mod workload_expectations;
 pub mod workload_hash;
+pub mod workload_job;
 pub mod workload_rollout;
 pub mod workload_selector;
 
