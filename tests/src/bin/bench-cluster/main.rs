@@ -4,7 +4,7 @@
 //! same run; then scheduler throughput on fake nodes. Prints p50/p99, the
 //! ratios, and one JSON line at the end.
 //!
-//! Run: `cargo run --release -p skiff-tests --bin bench-cluster`
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster`
 //! (`-- --skip-startup` or `-- --skip-scheduler` to run one half).
 
 mod scheduler;
