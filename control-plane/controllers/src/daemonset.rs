@@ -604,6 +604,10 @@ async fn sync_nodes(
                         .await;
                     Ok(())
                 }
+                Err(e) if workload::is_namespace_terminating(&e) => {
+                    st.expectations.created(key, None);
+                    Ok(())
+                }
                 Err(e) => {
                     st.expectations.created(key, None);
                     st.events

@@ -579,6 +579,10 @@ impl<'a> Sync<'a> {
                             .await;
                         Ok(())
                     }
+                    Err(e) if workload::is_namespace_terminating(&e) => {
+                        self.st.expectations.created(&self.key, None);
+                        Ok(())
+                    }
                     Err(e) => {
                         self.st.expectations.created(&self.key, None);
                         self.st

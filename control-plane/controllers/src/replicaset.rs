@@ -233,6 +233,10 @@ async fn manage(
                             .await;
                         Ok(())
                     }
+                    Err(e) if workload::is_namespace_terminating(&e) => {
+                        st.expectations.created(key, None);
+                        Ok(())
+                    }
                     Err(e) => {
                         st.expectations.created(key, None);
                         st.events

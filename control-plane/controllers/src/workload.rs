@@ -173,6 +173,13 @@ where
     }
 }
 
+/// The API refused a create because the namespace is being deleted: the
+/// namespace controller removes the owner soon, so this is no failure
+/// (upstream ignores `NamespaceTerminating` the same way).
+pub fn is_namespace_terminating(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403 && s.message.contains("because it is being terminated"))
+}
+
 /// A reconcile request for `obj` itself (the usual `map` of a root cache).
 pub fn itself<K: Resource<DynamicType = ()>>(obj: &K) -> Option<ObjectRef<K>> {
     Some(ObjectRef::from_obj(obj))
