@@ -189,7 +189,12 @@ async fn one_pod_per_eligible_node_following_the_nodes() {
             .ok_or(format!("{now:?}, failed pod gone: {gone}"))
     })
     .await;
-    assert!(!env.events("FailedDaemonPod").await.is_empty());
+    let ns_pod = format!("default/{failed}");
+    env.wait_event(
+        "FailedDaemonPod",
+        &format!("Found failed daemon pod {ns_pod} on node n3, will try to kill it"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -244,11 +244,11 @@ async fn apply_scale_and_rollout_status() {
             .ok_or(format!("{rev:?}"))
     })
     .await;
-    let scaled = env.events("ScalingReplicaSet").await;
-    assert!(
-        scaled.contains(&format!("Scaled up replica set web-{hash} from 0 to 2")),
-        "{scaled:?}"
-    );
+    env.wait_event(
+        "ScalingReplicaSet",
+        &format!("Scaled up replica set web-{hash} from 0 to 2"),
+    )
+    .await;
 
     drive_rollout(&env, 2).await;
     let out = env.kubectl(&["rollout", "status", "deployment/web", "--timeout=30s"]);
@@ -273,12 +273,11 @@ async fn apply_scale_and_rollout_status() {
         (n == 1).then_some(()).ok_or(format!("{n} pods"))
     })
     .await;
-    let scaled = env.events("ScalingReplicaSet").await;
     for msg in [
         format!("Scaled up replica set web-{hash} from 2 to 6"),
         format!("Scaled down replica set web-{hash} from 6 to 1"),
     ] {
-        assert!(scaled.contains(&msg), "{msg} not in {scaled:?}");
+        env.wait_event("ScalingReplicaSet", &msg).await;
     }
     assert_eq!(
         replicasets(&env).await.len(),

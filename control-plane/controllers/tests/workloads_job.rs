@@ -150,13 +150,7 @@ async fn runs_completions_within_parallelism() {
             .all(|p| !p.finalizers().iter().any(|f| f == FINALIZER)),
         "finalizers left"
     );
-    until("the Completed event", 10, || async {
-        let evs = env.events("Completed").await;
-        evs.contains(&"Job completed".to_string())
-            .then_some(())
-            .ok_or(format!("{evs:?}"))
-    })
-    .await;
+    env.wait_event("Completed", "Job completed").await;
     let out = env.kubectl(&[
         "wait",
         "--for=condition=complete",
@@ -195,11 +189,11 @@ async fn fails_past_the_backoff_limit_and_expires() {
     // The running pod was killed, and counts as failed too.
     assert_eq!(counts(&j), (0, 0, 3));
     assert!(active_job_pods(&env, "flaky").await.is_empty());
-    let evs = env.events("BackoffLimitExceeded").await;
-    assert!(
-        evs.contains(&"Job has reached the specified backoff limit".to_string()),
-        "{evs:?}"
-    );
+    env.wait_event(
+        "BackoffLimitExceeded",
+        "Job has reached the specified backoff limit",
+    )
+    .await;
     // ttlSecondsAfterFinished: 1.
     until("the finished job to be deleted", 20, || async {
         let j = Api::<Job>::default_namespaced(env.client.clone())
@@ -265,10 +259,11 @@ async fn stops_at_the_active_deadline_and_honours_suspend() {
     assert_eq!(condition(&j, "Failed").as_deref(), Some("DeadlineExceeded"));
     assert_eq!(counts(&j), (0, 0, 2));
     assert!(active_job_pods(&env, "slow").await.is_empty());
-    assert!(env
-        .events("DeadlineExceeded")
-        .await
-        .contains(&"Job was active longer than specified deadline".to_string()));
+    env.wait_event(
+        "DeadlineExceeded",
+        "Job was active longer than specified deadline",
+    )
+    .await;
 
     // Suspended: no pods until resumed.
     env.kubectl_stdin(&["apply", "-f", "-"], &job_yaml("later", "suspend: true"));
@@ -289,7 +284,7 @@ async fn stops_at_the_active_deadline_and_honours_suspend() {
         .await
         .unwrap();
     wait_active(&env, "later", 1).await;
-    assert!(!env.events("Resumed").await.is_empty());
+    env.wait_event("Resumed", "Job resumed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

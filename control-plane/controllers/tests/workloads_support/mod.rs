@@ -200,6 +200,22 @@ impl Env {
     }
 }
 
+impl Env {
+    /// Wait for an event with `reason` and `note` (events are written after
+    /// the action they report, so a test can see the action first).
+    pub async fn wait_event(&self, reason: &str, note: &str) {
+        until(&format!("a {reason} event \"{note}\""), 10, || async {
+            let notes = self.events(reason).await;
+            notes
+                .iter()
+                .any(|n| n == note)
+                .then_some(())
+                .ok_or(format!("{notes:?}"))
+        })
+        .await;
+    }
+}
+
 impl Drop for Env {
     fn drop(&mut self) {
         if let Some(tx) = self.stop.take() {
