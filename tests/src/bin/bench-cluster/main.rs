@@ -37,11 +37,7 @@ async fn main() -> Result<()> {
         let (d50, d99) = (pct(&s.deploy, 50.0), pct(&s.deploy, 99.0));
         let ratio = ms(d99) / ms(r99);
         println!("pod start-up, {REPLICAS} pods at once over 2 nodes (ms from the start):");
-        println!(
-            "  raw CRI      p50 {:8.1}  p99 {:8.1}",
-            ms(r50),
-            ms(r99)
-        );
+        println!("  raw CRI      p50 {:8.1}  p99 {:8.1}", ms(r50), ms(r99));
         println!(
             "  deployment   p50 {:8.1}  p99 {:8.1}   (create -> Ready seen by a watch; aim p99 <= 1000)",
             ms(d50),
