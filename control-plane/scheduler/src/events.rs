@@ -78,16 +78,15 @@ pub fn channel(
     stop: impl Future<Output = ()>,
 ) -> (Notifier, impl Future<Output = ()>) {
     let (tx, mut rx) = mpsc::channel(CAPACITY);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: scheduler_name.to_string(),
-            instance: Some(scheduler_name.to_string()),
-        },
-    );
+    let reporter = Reporter {
+        controller: scheduler_name.to_string(),
+        instance: Some(scheduler_name.to_string()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter.clone());
     let writer = async move {
         let notices = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        let all = notices.for_each_concurrent(CONCURRENCY, |n| write(&client, &recorder, n));
+        let all =
+            notices.for_each_concurrent(CONCURRENCY, |n| write(&client, &reporter, &recorder, n));
         tokio::select! {
             _ = all => {}
             _ = stop => {}
@@ -96,7 +95,7 @@ pub fn channel(
     (Notifier { tx }, writer)
 }
 
-async fn write(client: &kube::Client, recorder: &Recorder, notice: Notice) {
+async fn write(client: &kube::Client, reporter: &Reporter, recorder: &Recorder, notice: Notice) {
     match notice {
         Notice::Scheduled { pod, node } => {
             let note = format!(
@@ -111,7 +110,12 @@ async fn write(client: &kube::Client, recorder: &Recorder, notice: Notice) {
                 action: "Binding".into(),
                 secondary: None,
             };
-            if let Err(e) = recorder.publish(&ev, &pod).await {
+            // A pod is scheduled once: nothing to fold into a series, so
+            // a recorder of its own, whose cache stays empty. The shared
+            // one would keep every pod for six minutes and scan them all
+            // on each publish, which a burst of thousands feels.
+            let once = Recorder::new(client.clone(), reporter.clone());
+            if let Err(e) = once.publish(&ev, &pod).await {
                 debug!(pod = ?pod.name, error = %e, "could not record the Scheduled event");
             }
         }
