@@ -142,6 +142,14 @@ pub fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
+/// Has `spec.schedulingGates`: not to be scheduled yet.
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| !g.is_empty())
+}
+
 /// Being deleted: not worth scheduling.
 pub fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()

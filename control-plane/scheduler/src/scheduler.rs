@@ -229,7 +229,9 @@ impl Scheduler {
             .and_then(|s| s.scheduler_name.as_deref())
             .unwrap_or("default-scheduler")
             == self.config.scheduler_name;
-        if !ours || podinfo::is_terminating(&pod.pod) {
+        // Gated pods wait until whoever added the gates removes them
+        // (upstream SchedulingGates); the update that does brings them back.
+        if !ours || podinfo::is_terminating(&pod.pod) || podinfo::is_gated(&pod.pod) {
             self.queue.remove(&pod.uid);
             return;
         }
@@ -387,6 +389,36 @@ mod tests {
             }))
             .unwrap(),
         )))
+    }
+
+    #[tokio::test]
+    async fn gated_other_schedulers_and_terminating_pods_are_not_queued() {
+        let mut s = scheduler();
+        let with = |extra: serde_json::Value| {
+            let mut v = json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "p"},
+                "spec": {"containers": [{"name": "c"}]}
+            });
+            for (k, x) in extra.as_object().unwrap() {
+                for (f, y) in x.as_object().unwrap() {
+                    v[k][f] = y.clone();
+                }
+            }
+            Update::Pod(Arc::new(PodInfo::new(serde_json::from_value(v).unwrap())))
+        };
+        s.update(with(
+            json!({"spec": {"schedulingGates": [{"name": "wait"}]}}),
+        ));
+        assert!(!s.queue.contains("p"));
+        s.update(with(json!({"spec": {"schedulerName": "other"}})));
+        assert!(!s.queue.contains("p"));
+        s.update(with(
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+        ));
+        assert!(!s.queue.contains("p"));
+        // The gates removed: now it is ours to schedule.
+        s.update(with(json!({"spec": {"schedulingGates": []}})));
+        assert!(s.queue.contains("p"));
     }
 
     #[tokio::test]
