@@ -13,4 +13,4 @@ cargo build --workspace --bins --tests --quiet
 # (a per-package build would resolve features differently and rebuild).
 export SKIFF_AGENT_BIN=$PWD/target/debug/skiff-agent SKIFF_SERVER_BIN=$PWD/target/debug/skiff-server
 # Two test threads on two cores: each e2e test starts its own containerd.
-cargo test --workspace -- --test-threads=2
+cargo test --workspace --no-fail-fast -- --test-threads=2
