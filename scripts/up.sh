@@ -21,8 +21,7 @@ SOCK=$RUN/containerd/containerd.sock
 mkdir -p "$STATE" "$RUN/containerd" "$ETC/cni" "$ETC/manifests" /var/log/skiff
 
 echo "== building skiff (release)"
-cargo build --release --quiet -p skiff-agent -p skiff-control-plane -p skiff-tests \
-    --bin skiff-agent --bin skiff-server --bin skiff-load-images
+cargo build --release --quiet --workspace --bins
 install -m 0755 target/release/skiff-agent target/release/skiff-server /usr/local/bin/
 
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -89,6 +88,18 @@ spec:
     command: [sh, -c, 'mkdir -p /www && echo "hello from skiff" > /www/index.html && exec httpd -f -p 8080 -h /www']
     ports: [{containerPort: 8080}]
 YAML
+
+# A bridge left by an earlier bring-up with another pod range keeps its old
+# address, and the CNI bridge plugin refuses to add the new one: clear it.
+ip2int() { local IFS=.; set -- $1; echo $(( ($1 << 24) + ($2 << 16) + ($3 << 8) + $4 )); }
+in_cidr() {
+    local bits=${2#*/} net; net=$(ip2int "${2%/*}")
+    local mask=$(( (0xffffffff << (32 - bits)) & 0xffffffff ))
+    (( ($(ip2int "$1") & mask) == (net & mask) ))
+}
+for addr in $(ip -4 -o addr show dev skiff0 2>/dev/null | awk '{print $4}'); do
+    in_cidr "${addr%/*}" "$CLUSTER_CIDR" || ip addr del "$addr" dev skiff0
+done
 
 if ! running "$RUN/agent.pid"; then
     echo "== starting skiff-agent"
