@@ -22,16 +22,16 @@ use k8s_openapi::api::core::v1::{
     Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
     PodTemplateSpec, Toleration,
 };
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
+use crate::events::Recorder;
 use crate::pods;
-use crate::workload::{self, controller_owner, is_not_found, ApiResultExt, Cache, Result};
+use crate::workload::{self, controller_owner, ApiResultExt, Cache, Result};
 use crate::workload_claim::{self as claim, Claim};
-use crate::workload_events::Recorder;
 use crate::workload_expectations::Expectations;
 use crate::workload_hash::{scaled, template_hash};
 use crate::workload_selector as selector;
@@ -630,35 +630,19 @@ async fn sync_nodes(
 }
 
 async fn delete_pod(api: &Api<Pod>, ds: &DaemonSet, pod: &Pod, st: &State) -> Result<()> {
-    let key = workload::key(ds);
-    let name = pod.name_any();
+    // A pod of a deleted node has no agent to finish its graceful deletion.
     let node_gone = target_node(pod).is_none_or(|n| st.nodes.get(&ObjectRef::new(&n)).is_none());
-    let dp = DeleteParams {
-        grace_period_seconds: node_gone.then_some(0),
-        preconditions: Some(Preconditions {
-            uid: pod.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match api.delete(&name, &dp).await {
-        Ok(_) => {
-            st.events
-                .normal(ds, "SuccessfulDelete", format!("Deleted pod: {name}"))
-                .await;
-            Ok(())
-        }
-        Err(e) => {
-            st.expectations.delete_failed(&key, &name);
-            if is_not_found(&e) {
-                return Ok(());
-            }
-            st.events
-                .warning(ds, "FailedDelete", format!("Error deleting: {e}"))
-                .await;
-            Err(e).ctx(|| format!("deleting daemon pod {name} of {key}"))
-        }
-    }
+    let grace = node_gone.then_some(0);
+    workload::delete_owned_pod(
+        api,
+        ds,
+        pod,
+        grace,
+        &st.events,
+        &st.expectations,
+        "daemon set",
+    )
+    .await
 }
 
 /// Status counts (upstream `updateDaemonSetStatus`), and when to look again

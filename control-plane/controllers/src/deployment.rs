@@ -30,9 +30,9 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
+use crate::events::Recorder;
 use crate::workload::{self, controller_owner, is_not_found, ApiResultExt, Cache, Result};
 use crate::workload_claim::{self as claim, Claim};
-use crate::workload_events::Recorder;
 use crate::workload_hash::template_hash;
 use crate::workload_rollout::{self as ro, desired, rs_replicas};
 use crate::workload_selector as selector;

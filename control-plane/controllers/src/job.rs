@@ -30,12 +30,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
+use crate::events::Recorder;
 use crate::pods::{self, is_active, is_finished};
 use crate::workload::{
     self, controller_owner, is_not_found, AbortOnDrop, ApiResultExt, Cache, Result,
 };
 use crate::workload_claim::{self as claim, Claim};
-use crate::workload_events::Recorder;
 use crate::workload_expectations::Expectations;
 use crate::workload_job::{
     condition, count_uncounted, ensure_condition, finished, has_finalizer, is_failed,

@@ -24,7 +24,6 @@ pub mod replicaset;
 pub mod served;
 pub mod workload;
 pub mod workload_claim;
-pub mod workload_events;
 pub mod workload_expectations;
 pub mod workload_hash;
 pub mod workload_job;

@@ -18,7 +18,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::cidrset::{Cidr, CidrSet};
-use crate::events::Events;
+use crate::events::Recorder;
 use crate::informer::Informer;
 use crate::{Ctx, Error};
 
@@ -41,7 +41,7 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
     nodes.ready().await;
     let mut ipam = Ipam {
         api,
-        events: Events::new(ctx.client.clone(), "node-ipam-controller"),
+        events: Recorder::new(ctx.client.clone(), "node-ipam-controller"),
         cluster,
         mask: ctx.config.node_cidr_mask_size,
         written: HashMap::new(),
@@ -59,7 +59,7 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
 
 struct Ipam {
     api: Api<Node>,
-    events: Events,
+    events: Recorder,
     cluster: Cidr,
     mask: u8,
     /// Subnets patched onto nodes (by name: uid, subnet) that the cache

@@ -26,7 +26,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use crate::events::Events;
+use crate::events::Recorder;
 use crate::informer::Informer;
 use crate::{Ctx, Error};
 use eviction::Verdict;
@@ -51,7 +51,7 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
     pods.ready().await;
     let mut lc = Lifecycle {
         client: client.clone(),
-        events: Events::new(client, "node-controller"),
+        events: Recorder::new(client, "node-controller"),
         grace: ctx.config.node_monitor_grace_period,
         health: health::Health::default(),
         first_seen: HashMap::new(),
@@ -85,7 +85,7 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
 
 struct Lifecycle {
     client: kube::Client,
-    events: Events,
+    events: Recorder,
     grace: Duration,
     health: health::Health,
     /// NoExecute taints without timeAdded: when this process first saw

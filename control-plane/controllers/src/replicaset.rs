@@ -18,16 +18,16 @@ use futures::channel::mpsc;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
+use crate::events::Recorder;
 use crate::pods::{self, is_active};
-use crate::workload::{self, controller_owner, is_not_found, ApiResultExt, Cache, Error, Result};
+use crate::workload::{self, controller_owner, ApiResultExt, Cache, Error, Result};
 use crate::workload_claim::{self as claim, Claim};
-use crate::workload_events::Recorder;
 use crate::workload_expectations::Expectations;
 use crate::workload_selector as selector;
 
@@ -289,34 +289,16 @@ async fn manage(
 }
 
 async fn delete_pod(api: &Api<Pod>, rs: &ReplicaSet, pod: &Pod, st: &State) -> Result<()> {
-    let key = workload::key(rs);
-    let name = pod.name_any();
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: pod.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match api.delete(&name, &dp).await {
-        Ok(_) => {
-            st.events
-                .normal(rs, "SuccessfulDelete", format!("Deleted pod: {name}"))
-                .await;
-            Ok(())
-        }
-        Err(e) => {
-            // The cache will never show a deletion that did not happen.
-            st.expectations.delete_failed(&key, &name);
-            if is_not_found(&e) {
-                return Ok(());
-            }
-            st.events
-                .warning(rs, "FailedDelete", format!("Error deleting: {e}"))
-                .await;
-            Err(e).ctx(|| format!("deleting pod {name} of replica set {key}"))
-        }
-    }
+    workload::delete_owned_pod(
+        api,
+        rs,
+        pod,
+        None,
+        &st.events,
+        &st.expectations,
+        "replica set",
+    )
+    .await
 }
 
 /// Active pods of every ReplicaSet with the same controller as `rs` (the

@@ -294,3 +294,47 @@ pub fn key<K: Resource>(obj: &K) -> String {
         obj.meta().name.as_deref().unwrap_or_default()
     )
 }
+
+/// Delete `pod` of `owner` (uid precondition; `grace` overrides the pod's
+/// own period), recording SuccessfulDelete / FailedDelete on the owner as
+/// upstream does. A failed delete is taken back from `expectations`: the
+/// cache will never show a deletion that did not happen. `kind` names the
+/// owner in the error ("replica set", "daemon set").
+pub async fn delete_owned_pod<K: kube::Resource<DynamicType = ()>>(
+    api: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    owner: &K,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    grace: Option<u32>,
+    events: &crate::events::Recorder,
+    expectations: &crate::workload_expectations::Expectations,
+    kind: &str,
+) -> Result<()> {
+    let key = key(owner);
+    let name = kube::ResourceExt::name_any(pod);
+    let dp = kube::api::DeleteParams {
+        grace_period_seconds: grace,
+        preconditions: Some(kube::api::Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => {
+            events
+                .normal(owner, "SuccessfulDelete", format!("Deleted pod: {name}"))
+                .await;
+            Ok(())
+        }
+        Err(e) => {
+            expectations.delete_failed(&key, &name);
+            if is_not_found(&e) {
+                return Ok(());
+            }
+            events
+                .warning(owner, "FailedDelete", format!("Error deleting: {e}"))
+                .await;
+            Err(e).ctx(|| format!("deleting pod {name} of {kind} {key}"))
+        }
+    }
+}
