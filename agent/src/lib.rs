@@ -14,6 +14,7 @@
 //! - [`node`]: the Node object: facts, registration, status, Lease.
 //! - [`network`]: the CNI configuration for the node's pod CIDR.
 //! - [`server`]: the read-only status endpoint (`/pods`, `/node`, `/healthz`).
+//! - [`metrics`]: the process's Prometheus registry.
 //! - [`agent`]: wiring it all together.
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ pub mod backoff;
 pub mod config;
 pub mod events;
 pub mod manager;
+pub mod metrics;
 pub mod mirror;
 pub mod network;
 pub mod node;
