@@ -13,7 +13,7 @@
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
 //! - [`node`]: the Node object: facts, registration, status, Lease.
 //! - [`network`]: the CNI configuration for the node's pod CIDR.
-//! - [`server`]: the read-only status endpoint (`/pods`, `/node`, `/healthz`).
+//! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
 //! - [`agent`]: wiring it all together.
 #![forbid(unsafe_code)]

@@ -1,0 +1,8 @@
+//! The agent's HTTP endpoints: the read-only status endpoint
+//! ([`readonly`], loopback, no authentication) and the authenticated node
+//! server on 10250 that the API server and users reach for logs, exec,
+//! attach, port-forward, metrics and stats.
+
+pub mod readonly;
+
+pub use readonly::{router, serve, ServerState};
