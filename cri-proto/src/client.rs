@@ -43,6 +43,24 @@ pub struct CriClient {
     image: ImageServiceClient<Channel>,
     default_timeout: Duration,
     pull_timeout: Duration,
+    observer: Option<Observer>,
+}
+
+/// Told of every finished unary call: the CRI method, how long it took,
+/// and whether it failed (for the agent's operation metrics).
+#[derive(Clone)]
+pub struct Observer(Arc<dyn Fn(&'static str, Duration, bool) + Send + Sync>);
+
+impl Observer {
+    pub fn new(f: impl Fn(&'static str, Duration, bool) + Send + Sync + 'static) -> Observer {
+        Observer(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 impl CriClient {
@@ -99,7 +117,14 @@ impl CriClient {
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
             default_timeout,
             pull_timeout: DEFAULT_PULL_TIMEOUT,
+            observer: None,
         }
+    }
+
+    /// Reports every unary call (method, duration, failed) to `observer`.
+    pub fn with_observer(mut self, observer: Observer) -> CriClient {
+        self.observer = Some(observer);
+        self
     }
 
     /// Sets the deadline of [`CriClient::pull_image`].
@@ -149,7 +174,7 @@ impl CriClient {
         let mut request = Request::new(req);
         request.set_timeout(after);
         let started = Instant::now();
-        match tokio::time::timeout(after, call(request)).await {
+        let result = match tokio::time::timeout(after, call(request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             // tonic enforces grpc-timeout itself and reports `Cancelled`, a
             // runtime reports `DeadlineExceeded`: either way our deadline
@@ -162,7 +187,11 @@ impl CriClient {
             }
             Ok(Err(status)) => Err(self.status_error(method, status)),
             Err(_elapsed) => Err(self.timeout_error(method, after)),
+        };
+        if let Some(observe) = &self.observer {
+            (observe.0)(method, started.elapsed(), result.is_err());
         }
+        result
     }
 
     /// The default deadline plus a request's own timeout in seconds (<= 0

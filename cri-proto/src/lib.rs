@@ -29,5 +29,5 @@ mod client;
 mod error;
 pub mod v1;
 
-pub use client::{CriClient, DEFAULT_PULL_TIMEOUT};
+pub use client::{CriClient, Observer, DEFAULT_PULL_TIMEOUT};
 pub use error::{Error, Result};

@@ -166,6 +166,35 @@ async fn unary_calls_map_results_and_errors() {
 }
 
 #[tokio::test]
+async fn observer_sees_every_unary_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_in(&dir);
+    let _server = serve(&socket);
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let cri = CriClient::connect(&socket, SHORT)
+        .await
+        .unwrap()
+        .with_observer(cri_proto::Observer::new(move |method, _took, failed| {
+            record.lock().unwrap().push((method, failed));
+        }));
+    cri.version(v1::VersionRequest::default()).await.unwrap();
+    let _ = cri
+        .container_status(v1::ContainerStatusRequest::default())
+        .await;
+    // A clone keeps observing.
+    let _ = cri.clone().status(v1::StatusRequest::default()).await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            ("Version", false),
+            ("ContainerStatus", true),
+            ("Status", true)
+        ]
+    );
+}
+
+#[tokio::test]
 async fn deadlines() {
     let dir = tempfile::tempdir().unwrap();
     let socket = socket_in(&dir);
