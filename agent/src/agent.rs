@@ -20,7 +20,12 @@ use crate::source::api::{self, ApiSource, MirrorPods};
 use crate::source::file::FileSource;
 use crate::source::PodUpdate;
 use crate::status::manager::StatusManager;
+use crate::volumes::objects::ObjectSource;
 use crate::worker::{Shared, StatusStore};
+
+/// How long a read configMap or secret is reused: only bursts of pod syncs
+/// share a read, so updates reach pods within the sync period.
+const OBJECT_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Errors that stop the agent from starting.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +101,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         },
         statuses: statuses.clone(),
         host_ip,
+        volumes: crate::volumes::VolumeManager::new(
+            &config.root_dir,
+            client
+                .clone()
+                .map(|c| Arc::new(ObjectSource::new(c, OBJECT_TTL))),
+        ),
     });
     let health = Arc::new(Health::default());
     let (stop_tx, stop_rx) = watch::channel(false);

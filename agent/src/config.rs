@@ -81,6 +81,18 @@ pub struct Config {
     pub cni_conf_dir: Option<PathBuf>,
     /// Bridge name for that CNI configuration.
     pub cni_bridge: String,
+    /// The node server (logs, exec, attach, port-forward, metrics, stats;
+    /// HTTPS with client certificates): its address and port. Port 0
+    /// turns it off.
+    pub address: std::net::IpAddr,
+    pub port: u16,
+    /// The serving certificate and key; when unset, a self-signed pair is
+    /// generated once under `root_dir/pki` (as the kubelet does).
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA bundle that client certificates must chain to; defaults to the
+    /// CA of the kubeconfig's cluster.
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -111,6 +123,11 @@ impl Default for Config {
             pod_cidr: None,
             cni_conf_dir: None,
             cni_bridge: "skiff0".into(),
+            address: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            port: 10250,
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            client_ca_file: None,
         }
     }
 }
@@ -147,6 +164,13 @@ pub struct FileConfig {
     pub pod_cidr: Option<String>,
     pub cni_conf_dir: Option<PathBuf>,
     pub cni_bridge: Option<String>,
+    pub address: Option<std::net::IpAddr>,
+    pub port: Option<u16>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    /// KubeletConfiguration's `authentication.x509.clientCAFile`, flat.
+    #[serde(rename = "clientCAFile")]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -209,6 +233,11 @@ impl FileConfig {
         c.pod_cidr = self.pod_cidr.or(c.pod_cidr.take());
         c.cni_conf_dir = self.cni_conf_dir.or(c.cni_conf_dir.take());
         set!(cni_bridge, self.cni_bridge);
+        set!(address, self.address);
+        set!(port, self.port);
+        c.tls_cert_file = self.tls_cert_file.or(c.tls_cert_file.take());
+        c.tls_private_key_file = self.tls_private_key_file.or(c.tls_private_key_file.take());
+        c.client_ca_file = self.client_ca_file.or(c.client_ca_file.take());
         if let Some(addr) = self.status_address {
             c.status_address = parse_optional_addr(&addr)?;
         }

@@ -10,10 +10,11 @@
 //! - [`runtime`]: CRI configs, observation and compound CRI operations.
 //! - [`pleg`]: relisting (and CRI events) to wake workers; runtime health.
 //! - [`status`]: PodStatus as the kubelet computes it.
+//! - [`volumes`]: the pod's volumes, set up before its containers, torn
+//!   down after them; configMaps and secrets read from the API.
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
 //! - [`node`]: the Node object: facts, registration, status, Lease.
 //! - [`network`]: the CNI configuration for the node's pod CIDR.
-//! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
 //! - [`agent`]: wiring it all together.
@@ -24,7 +25,6 @@ pub mod apiclient;
 pub mod backoff;
 pub mod config;
 pub mod events;
-pub mod logs;
 pub mod manager;
 pub mod metrics;
 pub mod mirror;
@@ -37,6 +37,7 @@ pub mod runtime;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod volumes;
 pub mod worker;
 
 pub use agent::run;

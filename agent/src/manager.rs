@@ -96,6 +96,7 @@ impl Manager {
                     let now = Instant::now();
                     self.shared.crash_backoff.lock().unwrap_or_else(|e| e.into_inner()).gc(now);
                     self.shared.image_backoff.lock().unwrap_or_else(|e| e.into_inner()).gc(now);
+                    self.sweep_volumes();
                 }
                 _ = &mut shutdown => break,
             }
@@ -122,6 +123,7 @@ impl Manager {
     }
 
     fn apply(&mut self, update: PodUpdate) {
+        let was_ready = self.sources_ready();
         let new: HashMap<String, Pod> = update
             .pods
             .into_iter()
@@ -151,6 +153,20 @@ impl Manager {
                 tracing::info!(pod = %pod.key(), "pod removed from {}, stopping it", update.source);
                 self.terminate(&uid, None);
             }
+        }
+        if !was_ready {
+            // At start-up, once every pod has its worker: directories of
+            // pods no one runs any more (a crash mid-teardown) go.
+            self.sweep_volumes();
+        }
+    }
+
+    /// Remove the volume directories and mounts of pods without a worker.
+    fn sweep_volumes(&self) {
+        if self.sources_ready() {
+            self.shared
+                .volumes
+                .sweep_orphans(self.workers.keys().cloned().collect());
         }
     }
 

@@ -39,6 +39,8 @@ pub struct Shared {
     /// ImagePullBackOff delays, keyed `uid/image/<image>`.
     pub image_backoff: Mutex<Backoff>,
     pub host_ip: String,
+    /// The pods' volumes, and the API objects they and env project.
+    pub volumes: crate::volumes::VolumeManager,
 }
 
 /// The latest pod and status of every pod the agent runs; read by the
@@ -219,14 +221,25 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
         let first = rt.sandboxes.iter().map(|s| s.created_at).min();
         st.start_time = Some(first.map(status::ns_to_time).unwrap_or_else(Timestamp::now));
     }
+    let volumes = setup_volumes(shared, pod).await;
     let now_ns = Timestamp::now().as_nanosecond() as i64;
-    let plan = {
+    let mut plan = {
         let b = shared
             .crash_backoff
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         plan::compute(pod, &rt, &b, Instant::now(), now_ns)
     };
+    if volumes.blocked() {
+        // Containers wait for their volumes (the kubelet's
+        // WaitForAttachAndMount); kills and clean-ups still happen.
+        plan.start.clear();
+        plan.create_sandbox = None;
+        let r = plan
+            .requeue_after
+            .map_or(VOLUME_RETRY, |r| r.min(VOLUME_RETRY));
+        plan.requeue_after = Some(r);
+    }
     st.waiting = plan
         .waiting
         .iter()
@@ -492,6 +505,8 @@ async fn start_container(
         Some(id) => id.clone(),
         None => {
             ensure_image(shared, pod, spec, ctx.sandbox_cfg).await?;
+            let objects = env_objects(shared, pod, spec).await;
+            let volumes = shared.volumes.paths(pod);
             let container_dir = shared
                 .config
                 .root_dir
@@ -504,6 +519,8 @@ async fn start_container(
                 pod_ip: ctx.pod_ip,
                 host_ip: &shared.host_ip,
                 container_dir: &container_dir,
+                objects: objects.as_ref(),
+                volumes: &volumes,
             };
             let cfg = match container_config(pod, spec, start.restart_count, &cctx) {
                 Ok(c) => c,
@@ -512,7 +529,13 @@ async fn start_container(
                     shared
                         .recorder
                         .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
-                    return Err(wait("CreateContainerConfigError", msg));
+                    // Retried soon: the missing configMap or secret may
+                    // appear at any moment.
+                    let w = WaitReason {
+                        reason: "CreateContainerConfigError".into(),
+                        message: msg,
+                    };
+                    return Err(StartError::Wait(w, Some(VOLUME_RETRY)));
                 }
             };
             let log_dir = pod_log_dir(&shared.config.pod_log_dir, pod).join(&spec.name);
@@ -734,7 +757,9 @@ async fn teardown(
     } else {
         remove_log_dirs_of(&shared.config.pod_log_dir, uid);
     }
-    let _ = std::fs::remove_dir_all(shared.config.root_dir.join("pods").join(uid));
+    if teardown_volumes(shared, uid, pod).await {
+        let _ = std::fs::remove_dir_all(shared.config.root_dir.join("pods").join(uid));
+    }
     shared.statuses.remove(uid);
     shared
         .crash_backoff
@@ -761,4 +786,65 @@ fn remove_log_dirs_of(root: &std::path::Path, uid: &str) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
+}
+
+/// How soon a pod waiting for a volume or an env object tries again.
+const VOLUME_RETRY: Duration = Duration::from_secs(1);
+
+/// Set up (or refresh) the pod's volumes; failures become FailedMount
+/// events, paced by the volume manager.
+async fn setup_volumes(shared: &Shared, pod: &Pod) -> crate::volumes::Setup {
+    let setup = shared.volumes.setup(pod).await;
+    for e in setup.errors.iter().filter(|e| e.report) {
+        shared
+            .recorder
+            .event(pod, WARNING, "FailedMount", &e.to_string());
+    }
+    setup
+}
+
+/// The configMaps and secrets the container's env names; None without an
+/// API connection. Skipped envFrom keys are reported as upstream.
+async fn env_objects(
+    shared: &Shared,
+    pod: &Pod,
+    c: &Container,
+) -> Option<crate::volumes::objects::EnvObjects> {
+    let objects = shared
+        .volumes
+        .objects()?
+        .for_container(pod.namespace(), c)
+        .await;
+    for msg in crate::runtime::container::env_from_invalid_keys(pod, c, &objects) {
+        shared
+            .recorder
+            .event(pod, WARNING, "InvalidEnvironmentVariableNames", &msg);
+    }
+    Some(objects)
+}
+
+/// Unmount and remove the pod's volumes. A busy mount is detached lazily
+/// and reported rather than holding the pod in Terminating. Returns
+/// whether the pod's directory may be removed (no mount is left in it).
+async fn teardown_volumes(shared: &Shared, uid: &str, pod: Option<&Pod>) -> bool {
+    let t = shared.volumes.teardown(uid).await;
+    let name = pod.map(|p| p.key()).unwrap_or_else(|| uid.to_string());
+    for m in &t.detached {
+        let msg = format!(
+            "UnmountVolume.TearDown: {} was busy; detached it lazily (it is freed when its last user exits)",
+            m.display()
+        );
+        match pod {
+            Some(p) => shared.recorder.event(p, WARNING, "FailedUnmount", &msg),
+            None => tracing::warn!(pod = %name, "{msg}"),
+        }
+    }
+    if let Some(f) = &t.failed {
+        let msg = format!("UnmountVolume.TearDown failed: {f}; the orphan sweep retries");
+        match pod {
+            Some(p) => shared.recorder.event(p, WARNING, "FailedUnmount", &msg),
+            None => tracing::warn!(pod = %name, "{msg}"),
+        }
+    }
+    t.failed.is_none()
 }

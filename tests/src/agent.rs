@@ -95,6 +95,11 @@ pub struct Agent {
     dir: PathBuf,
     manifests: PathBuf,
     status: SocketAddr,
+    /// The node server's port (HTTPS, client certificates of `ca`).
+    port: u16,
+    /// The CA the node server trusts for client certificates (the
+    /// standalone agent has no cluster CA of its own).
+    ca: skiff_control_plane::pki::Pki,
     log: PathBuf,
     node_name: String,
     http: reqwest::Client,
@@ -109,6 +114,8 @@ impl Agent {
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
         let status: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let port = free_port()?;
+        let ca = skiff_control_plane::pki::Pki::load_or_create(&dir.join("ca"))?;
         let node_name = opts
             .node_name
             .clone()
@@ -120,6 +127,12 @@ impl Agent {
             format!("--static-pod-path={}", manifests.display()),
             format!("--status-address={status}"),
             format!("--node-name={node_name}"),
+            "--address=127.0.0.1".into(),
+            format!("--port={port}"),
+            format!(
+                "--client-ca-file={}",
+                dir.join("ca/pki/ca.crt").display()
+            ),
             "--runtime-request-timeout=30s".into(),
         ];
         args.extend(opts.extra_args);
@@ -131,6 +144,8 @@ impl Agent {
             dir,
             manifests,
             status,
+            port,
+            ca,
             node_name,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -196,6 +211,23 @@ impl Agent {
     pub fn status_address(&self) -> SocketAddr {
         self.status
     }
+    /// `https://127.0.0.1:<port>` of the node server.
+    pub fn node_server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// A client of the node server as `user` in `groups` (a certificate of
+    /// the agent's client CA; the server's self-signed certificate is not
+    /// verified). `system:masters` is allowed everything.
+    ///
+    /// # Errors
+    /// The certificate cannot be issued.
+    pub async fn node_client(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
+        let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        let text = self.ca.kubeconfig(&self.node_server_url(), user, &groups)?;
+        insecure_client(&text).await
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
@@ -322,6 +354,22 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A kube client from kubeconfig `text` that does not verify the server's
+/// certificate (node servers are self-signed).
+///
+/// # Errors
+/// The kubeconfig is invalid.
+pub async fn insecure_client(text: &str) -> Result<kube::Client> {
+    let mut kc = kube::config::Kubeconfig::from_yaml(text)?;
+    for c in kc.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+        c.certificate_authority_data = None;
+        c.insecure_skip_tls_verify = Some(true);
+    }
+    let opts = kube::config::KubeConfigOptions::default();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &opts).await?;
+    Ok(kube::Client::try_from(cfg)?)
 }
 
 /// Pod status helpers for assertions.

@@ -240,6 +240,8 @@ impl Cluster {
             format!("--pod-log-dir={}", dir.join("logs").display()),
             format!("--static-pod-path={}", dir.join("manifests").display()),
             "--status-address=none".into(),
+            // Many agents share this host: each its own node server port.
+            format!("--port={}", free_port()?),
             format!(
                 "--node-status-update-frequency={}ms",
                 o.node_status_update_frequency.as_millis()

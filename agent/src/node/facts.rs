@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus,
+    NodeSystemInfo,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
@@ -34,6 +37,10 @@ pub struct Facts {
     pub architecture: String,
     pub hostname: String,
     pub internal_ip: Option<IpAddr>,
+    /// The node server's port, reported as
+    /// `status.daemonEndpoints.kubeletEndpoint.port` (where the API server
+    /// connects for logs, exec and port-forward); 0 when it is off.
+    pub kubelet_port: u16,
 }
 
 impl Facts {
@@ -87,6 +94,7 @@ impl Facts {
             architecture,
             hostname: crate::config::default_node_name(),
             internal_ip: primary_ip(),
+            kubelet_port: 0,
         }
     }
 
@@ -167,6 +175,11 @@ impl Facts {
                 capacity: Some(self.capacity()),
                 allocatable: Some(self.allocatable()),
                 addresses: Some(addresses),
+                daemon_endpoints: (self.kubelet_port != 0).then(|| NodeDaemonEndpoints {
+                    kubelet_endpoint: Some(DaemonEndpoint {
+                        port: i32::from(self.kubelet_port),
+                    }),
+                }),
                 conditions: Some(vec![
                     pressure(
                         "MemoryPressure",

@@ -129,6 +129,7 @@ impl Reporter {
             "addresses": desired.addresses,
             "nodeInfo": desired.node_info,
             "conditions": desired.conditions,
+            "daemonEndpoints": desired.daemon_endpoints,
         }});
         let node = call(
             "updating the status of",

@@ -3,6 +3,10 @@
 //! server on 10250 that the API server and users reach for logs, exec,
 //! attach, port-forward, metrics and stats.
 
+pub mod auth;
 pub mod readonly;
+pub mod secure;
+pub mod stream;
+pub mod tls;
 
 pub use readonly::{router, serve, ServerState};

@@ -103,4 +103,22 @@ pub struct RunFlags {
     /// Bridge name for that CNI configuration (skiff0).
     #[arg(long)]
     pub cni_bridge: Option<String>,
+    /// Address of the node server (HTTPS: logs, exec, port-forward,
+    /// metrics, stats), 0.0.0.0 by default.
+    #[arg(long)]
+    pub address: Option<std::net::IpAddr>,
+    /// Port of the node server (10250); 0 turns it off.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Serving certificate of the node server (PEM); self-signed under
+    /// the root dir when unset.
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of --tls-cert-file (PEM).
+    #[arg(long)]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA bundle that client certificates must chain to (defaults to the
+    /// kubeconfig's cluster CA).
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
 }

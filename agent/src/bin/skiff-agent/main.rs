@@ -134,6 +134,21 @@ fn effective_config(f: cli::RunFlags) -> Result<Config> {
     if let Some(v) = f.cni_bridge {
         c.cni_bridge = v;
     }
+    if let Some(v) = f.address {
+        c.address = v;
+    }
+    if let Some(v) = f.port {
+        c.port = v;
+    }
+    if let Some(v) = f.tls_cert_file {
+        c.tls_cert_file = Some(v);
+    }
+    if let Some(v) = f.tls_private_key_file {
+        c.tls_private_key_file = Some(v);
+    }
+    if let Some(v) = f.client_ca_file {
+        c.client_ca_file = Some(v);
+    }
     Ok(c)
 }
 

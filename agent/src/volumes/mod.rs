@@ -1,0 +1,565 @@
+//! The pod's volumes (the kubelet's volume manager and volume plugins):
+//! set up before its containers start and refreshed on every pod sync,
+//! torn down after its containers are gone.
+//!
+//! # Layout
+//! - [`atomic`]: the `..data` symlink-swap writer of API-data volumes.
+//! - [`projection`]: keys, items and modes -> files.
+//! - [`objects`]: configMaps and secrets from the API, TTL-cached.
+//! - [`hostpath`]: hostPath type checks.
+//! - [`mounts`]: tmpfs mounts and their (never wedging) removal.
+//!
+//! On disk a volume lives at `<root>/pods/<uid>/volumes/<plugin>/<name>`
+//! with upstream's plugin names (`kubernetes.io~empty-dir`, `~configmap`,
+//! `~secret`, `~downward-api`, `~projected`); hostPath volumes are the
+//! host's own path. emptyDir `medium: Memory`, secret and projected
+//! volumes are tmpfs mounts, so their data never reaches the disk.
+
+pub mod atomic;
+pub mod hostpath;
+pub mod mounts;
+pub mod objects;
+pub mod projection;
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Volume};
+
+use self::atomic::Payload;
+use self::objects::{Kind, ObjectSource};
+use crate::pod::PodExt;
+use crate::runtime::resources::{self, Which};
+
+const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
+const CONFIG_MAP: &str = "kubernetes.io~configmap";
+const SECRET: &str = "kubernetes.io~secret";
+const DOWNWARD_API: &str = "kubernetes.io~downward-api";
+const PROJECTED: &str = "kubernetes.io~projected";
+
+/// Pod directories younger than this are never swept as orphans.
+pub const ORPHAN_MIN_AGE: Duration = Duration::from_secs(60);
+
+/// A failing volume's event is repeated at most this often.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// Where one volume is on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostVolume {
+    pub path: PathBuf,
+    /// API-data volumes are always mounted read-only, as upstream.
+    pub read_only: bool,
+}
+
+/// A pod's volumes by name.
+pub type PodVolumes = HashMap<String, HostVolume>;
+
+/// A volume that could not be set up (or refreshed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeError {
+    pub volume: String,
+    pub message: String,
+    /// The volume never came up: containers must not start yet. Otherwise
+    /// a refresh failed and the last good content stays.
+    pub blocking: bool,
+    /// New or not reported for a while: worth an event.
+    pub report: bool,
+}
+
+impl std::fmt::Display for VolumeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Upstream's FailedMount event message.
+        write!(
+            f,
+            "MountVolume.SetUp failed for volume {:?} : {}",
+            self.volume, self.message
+        )
+    }
+}
+
+/// The outcome of setting up a pod's volumes.
+#[derive(Debug, Default)]
+pub struct Setup {
+    pub volumes: PodVolumes,
+    pub errors: Vec<VolumeError>,
+}
+
+impl Setup {
+    /// Some volume never came up: the pod's containers wait.
+    pub fn blocked(&self) -> bool {
+        self.errors.iter().any(|e| e.blocking)
+    }
+}
+
+/// What tearing a pod's volumes down had to do.
+#[derive(Debug, Default)]
+pub struct Teardown {
+    /// Busy mounts detached lazily (MNT_DETACH).
+    pub detached: Vec<PathBuf>,
+    /// Mounts that could not be removed at all; the directory stays for
+    /// the orphan sweep to retry.
+    pub failed: Option<String>,
+}
+
+/// One volume's set-up, decided (with API reads) before the blocking work.
+enum Work {
+    EmptyDir { tmpfs: Option<Option<u64>> },
+    HostPath { type_: String },
+    Files { tmpfs: bool, payload: Payload },
+    Fail(String),
+}
+
+pub struct VolumeManager {
+    /// `<root>/pods`.
+    pods_dir: PathBuf,
+    /// None: no API connection; configMap and secret volumes cannot be read.
+    objects: Option<Arc<ObjectSource>>,
+    /// Last reported error per `(uid, volume)`, to pace events.
+    reported: Mutex<HashMap<(String, String), (String, Instant)>>,
+}
+
+impl VolumeManager {
+    pub fn new(root_dir: &Path, objects: Option<Arc<ObjectSource>>) -> VolumeManager {
+        VolumeManager {
+            pods_dir: root_dir.join("pods"),
+            objects,
+            reported: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The API object reader, when the agent has an API connection.
+    pub fn objects(&self) -> Option<&ObjectSource> {
+        self.objects.as_deref()
+    }
+
+    /// `<root>/pods/<uid>/volumes`.
+    pub fn volumes_dir(&self, uid: &str) -> PathBuf {
+        self.pods_dir.join(uid).join("volumes")
+    }
+
+    /// Where each of the pod's volumes is (set up or not).
+    pub fn paths(&self, pod: &Pod) -> PodVolumes {
+        volumes(pod)
+            .iter()
+            .filter_map(|v| Some((v.name.clone(), self.host_volume(pod.uid(), v)?)))
+            .collect()
+    }
+
+    fn host_volume(&self, uid: &str, v: &Volume) -> Option<HostVolume> {
+        let under = |plugin: &str, read_only| HostVolume {
+            path: self.volumes_dir(uid).join(plugin).join(&v.name),
+            read_only,
+        };
+        if v.empty_dir.is_some() {
+            Some(under(EMPTY_DIR, false))
+        } else if let Some(h) = &v.host_path {
+            Some(HostVolume {
+                path: PathBuf::from(&h.path),
+                read_only: false,
+            })
+        } else if v.config_map.is_some() {
+            Some(under(CONFIG_MAP, true))
+        } else if v.secret.is_some() {
+            Some(under(SECRET, true))
+        } else if v.downward_api.is_some() {
+            Some(under(DOWNWARD_API, true))
+        } else if v.projected.is_some() {
+            Some(under(PROJECTED, true))
+        } else {
+            None
+        }
+    }
+
+    /// Set up (or refresh) every volume of the pod. Idempotent: files are
+    /// rewritten only when their content changed, mounts made only once.
+    pub async fn setup(&self, pod: &Pod) -> Setup {
+        let uid = pod.uid().to_string();
+        let mut planned = Vec::new();
+        for v in volumes(pod) {
+            let Some(hv) = self.host_volume(&uid, v) else {
+                let msg = "volume type is not supported by skiff-agent (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)";
+                planned.push((v.name.clone(), None, Work::Fail(msg.into())));
+                continue;
+            };
+            let work = self.plan(pod, v).await;
+            planned.push((v.name.clone(), Some(hv), work));
+        }
+        let done = tokio::task::spawn_blocking(move || {
+            planned
+                .into_iter()
+                .map(|(name, hv, work)| {
+                    let populated = hv.as_ref().is_some_and(|h| atomic::is_populated(&h.path));
+                    let r = match &hv {
+                        Some(h) => execute(&h.path, work),
+                        None => match work {
+                            Work::Fail(m) => Err(m),
+                            _ => Ok(()),
+                        },
+                    };
+                    (name, hv, populated, r)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+
+        let mut out = Setup::default();
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, hv, populated, r) in done {
+            let key = (uid.clone(), name.clone());
+            match r {
+                Ok(()) => {
+                    reported.remove(&key);
+                }
+                Err(message) => {
+                    let now = Instant::now();
+                    let report = match reported.get(&key) {
+                        Some((m, at)) => *m != message || now.duration_since(*at) >= REPORT_EVERY,
+                        None => true,
+                    };
+                    if report {
+                        reported.insert(key, (message.clone(), now));
+                    }
+                    out.errors.push(VolumeError {
+                        volume: name.clone(),
+                        message,
+                        // A refresh failure keeps the last good files.
+                        blocking: !populated,
+                        report,
+                    });
+                }
+            }
+            if let Some(hv) = hv {
+                out.volumes.insert(name, hv);
+            }
+        }
+        out
+    }
+
+    /// Decide a volume's set-up, reading the API objects it projects.
+    async fn plan(&self, pod: &Pod, v: &Volume) -> Work {
+        if let Some(e) = &v.empty_dir {
+            let memory = e.medium.as_deref() == Some("Memory");
+            let size = e
+                .size_limit
+                .as_ref()
+                .and_then(|q| resources::parse_bytes(&q.0))
+                .filter(|s| *s > 0)
+                .map(|s| s as u64)
+                .or_else(|| pod_memory_limit(pod));
+            return Work::EmptyDir {
+                tmpfs: memory.then_some(size),
+            };
+        }
+        if let Some(h) = &v.host_path {
+            return Work::HostPath {
+                type_: h.type_.clone().unwrap_or_default(),
+            };
+        }
+        let result = if let Some(c) = &v.config_map {
+            let optional = c.optional.unwrap_or(false);
+            self.object(pod, Kind::ConfigMap, &c.name, optional)
+                .await
+                .and_then(|d| {
+                    projection::keys(
+                        Kind::ConfigMap,
+                        d.as_deref(),
+                        c.items.as_deref(),
+                        c.default_mode,
+                        optional,
+                    )
+                })
+                .map(|p| (false, p))
+        } else if let Some(s) = &v.secret {
+            let optional = s.optional.unwrap_or(false);
+            let name = s.secret_name.clone().unwrap_or_default();
+            self.object(pod, Kind::Secret, &name, optional)
+                .await
+                .and_then(|d| {
+                    projection::keys(
+                        Kind::Secret,
+                        d.as_deref(),
+                        s.items.as_deref(),
+                        s.default_mode,
+                        optional,
+                    )
+                })
+                .map(|p| (true, p))
+        } else if let Some(d) = &v.downward_api {
+            projection::downward(pod, d.items.as_deref().unwrap_or_default(), d.default_mode)
+                .map(|p| (false, p))
+        } else if let Some(p) = &v.projected {
+            self.projected(pod, p).await.map(|p| (true, p))
+        } else {
+            Err("volume type is not supported".into())
+        };
+        match result {
+            Ok((tmpfs, payload)) => Work::Files { tmpfs, payload },
+            Err(m) => Work::Fail(m),
+        }
+    }
+
+    /// A projected volume: every source into one payload.
+    async fn projected(
+        &self,
+        pod: &Pod,
+        p: &k8s_openapi::api::core::v1::ProjectedVolumeSource,
+    ) -> Result<Payload, String> {
+        let mut out = Payload::new();
+        for s in p.sources.iter().flatten() {
+            let part = if let Some(c) = &s.config_map {
+                let optional = c.optional.unwrap_or(false);
+                let d = self.object(pod, Kind::ConfigMap, &c.name, optional).await?;
+                projection::keys(
+                    Kind::ConfigMap,
+                    d.as_deref(),
+                    c.items.as_deref(),
+                    p.default_mode,
+                    optional,
+                )?
+            } else if let Some(c) = &s.secret {
+                let optional = c.optional.unwrap_or(false);
+                let d = self.object(pod, Kind::Secret, &c.name, optional).await?;
+                projection::keys(
+                    Kind::Secret,
+                    d.as_deref(),
+                    c.items.as_deref(),
+                    p.default_mode,
+                    optional,
+                )?
+            } else if let Some(d) = &s.downward_api {
+                projection::downward(pod, d.items.as_deref().unwrap_or_default(), p.default_mode)?
+            } else if s.service_account_token.is_some() {
+                // skiff-server has no TokenRequest API yet: the token file
+                // is left out, and the other sources still project.
+                tracing::debug!(pod = %pod.key(), "serviceAccountToken projection skipped: no TokenRequest API");
+                Payload::new()
+            } else {
+                Payload::new()
+            };
+            out.extend(part);
+        }
+        Ok(out)
+    }
+
+    /// An object's data; None when it is missing and `optional`.
+    async fn object(
+        &self,
+        pod: &Pod,
+        kind: Kind,
+        name: &str,
+        optional: bool,
+    ) -> Result<Option<Arc<objects::Data>>, String> {
+        let Some(src) = &self.objects else {
+            return Err(format!(
+                "{} {name:?} cannot be read: this node has no API server connection",
+                kind.noun()
+            ));
+        };
+        match src.get(kind, pod.namespace(), name).await {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.is_not_found() && optional => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Unmount and remove everything under the pod's volumes directory.
+    /// Never waits on a busy mount for long: it is detached lazily instead.
+    pub async fn teardown(&self, uid: &str) -> Teardown {
+        self.reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(u, _), _| u != uid);
+        let dir = self.volumes_dir(uid);
+        tokio::task::spawn_blocking(move || remove_volumes_dir(&dir))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Remove the directories (and mounts) of pods that are not in `live`:
+    /// left by a crash or a failed teardown. Runs in the background.
+    ///
+    /// # Caveats
+    /// A directory changed in the last [`ORPHAN_MIN_AGE`] is left alone: it
+    /// may belong to a pod whose worker started after `live` was taken.
+    pub fn sweep_orphans(&self, live: HashSet<String>) {
+        self.sweep_orphans_older_than(live, ORPHAN_MIN_AGE);
+    }
+
+    fn sweep_orphans_older_than(&self, live: HashSet<String>, min_age: Duration) {
+        let pods_dir = self.pods_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            for e in fs::read_dir(&pods_dir).into_iter().flatten().flatten() {
+                let uid = e.file_name().to_string_lossy().into_owned();
+                let fresh = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age < min_age);
+                if live.contains(&uid) || fresh {
+                    continue;
+                }
+                let t = remove_volumes_dir(&e.path().join("volumes"));
+                if let Some(f) = t.failed {
+                    tracing::warn!(uid, "cannot remove orphaned pod directory: {f}");
+                    continue;
+                }
+                if !t.detached.is_empty() {
+                    tracing::warn!(uid, mounts = ?t.detached, "orphaned pod had busy mounts, detached them");
+                }
+                match fs::remove_dir_all(e.path()) {
+                    Ok(()) => tracing::info!(uid, "removed orphaned pod directory"),
+                    Err(err) => tracing::warn!(uid, "cannot remove orphaned pod directory: {err}"),
+                }
+            }
+        });
+    }
+}
+
+/// Blocking: unmount everything under `dir`, then remove it (only when no
+/// mount is left, so that nothing mounted is ever deleted through).
+fn remove_volumes_dir(dir: &Path) -> Teardown {
+    let mut t = Teardown::default();
+    match mounts::unmount_all(dir) {
+        Ok(d) => t.detached = d,
+        Err(e) => {
+            t.failed = Some(e);
+            return t;
+        }
+    }
+    if !mounts::mounts_under(dir).is_empty() {
+        t.failed = Some(format!("mounts remain under {}", dir.display()));
+        return t;
+    }
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => t.failed = Some(format!("removing {}: {e}", dir.display())),
+    }
+    t
+}
+
+/// Blocking: carry out one volume's set-up at `path`.
+fn execute(path: &Path, work: Work) -> Result<(), String> {
+    let mkdir = |mode: u32| -> Result<(), String> {
+        if !path.is_dir() {
+            fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+            fs::set_permissions(path, fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+        }
+        Ok(())
+    };
+    match work {
+        Work::Fail(m) => Err(m),
+        Work::HostPath { type_ } => hostpath::check(path, &type_),
+        Work::EmptyDir { tmpfs } => {
+            // World-writable as upstream: the containers may run as anyone.
+            mkdir(0o777)?;
+            if let Some(size) = tmpfs {
+                mounts::ensure_tmpfs(path, size)?;
+                fs::set_permissions(path, fs::Permissions::from_mode(0o777))
+                    .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+            }
+            Ok(())
+        }
+        Work::Files { tmpfs, payload } => {
+            mkdir(0o755)?;
+            if tmpfs {
+                mounts::ensure_tmpfs(path, None)?;
+            }
+            atomic::write(path, &payload)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn volumes(pod: &Pod) -> &[Volume] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_deref())
+        .unwrap_or_default()
+}
+
+/// The pod's memory limit when every container has one: the default size
+/// of its memory-backed emptyDirs (upstream sizes them by the pod's limit).
+fn pod_memory_limit(pod: &Pod) -> Option<u64> {
+    let cs = pod.containers();
+    if cs.is_empty() {
+        return None;
+    }
+    cs.iter()
+        .map(|c| resources::get(c, Which::Limit, "memory").and_then(|q| resources::parse_bytes(&q)))
+        .try_fold(0u64, |acc, l| Some(acc + l? as u64))
+        .filter(|s| *s > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn empty_dir_host_path_and_downward_then_teardown() {
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host-dir");
+        let pod: Pod = serde_yaml::from_str(&format!(
+            "metadata: {{name: p, namespace: ns, uid: u1, labels: {{app: a}}}}\nspec:\n  containers: [{{name: c, image: i}}]\n  volumes:\n  - {{name: scratch, emptyDir: {{}}}}\n  - {{name: h, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n  - name: info\n    downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}\n  - {{name: cm, configMap: {{name: x}}}}\n  - {{name: nfs, nfs: {{server: s, path: /}}}}\n",
+            host.display()
+        ))
+        .unwrap();
+        let vm = VolumeManager::new(t.path(), None);
+        let s = vm.setup(&pod).await;
+        let scratch = &s.volumes["scratch"];
+        assert!(scratch
+            .path
+            .ends_with("pods/u1/volumes/kubernetes.io~empty-dir/scratch"));
+        assert!(scratch.path.is_dir() && !scratch.read_only);
+        assert!(host.is_dir());
+        assert_eq!(
+            fs::read_to_string(s.volumes["info"].path.join("labels")).unwrap(),
+            "app=\"a\""
+        );
+        assert!(s.volumes["info"].read_only);
+        // No API connection: the configMap volume blocks; nfs is unknown.
+        assert!(s.blocked());
+        let names: Vec<_> = s.errors.iter().map(|e| e.volume.as_str()).collect();
+        assert_eq!(names, ["cm", "nfs"]);
+        assert!(s.errors[0]
+            .to_string()
+            .starts_with("MountVolume.SetUp failed for volume \"cm\" : configmap \"x\""));
+        assert!(s.errors.iter().all(|e| e.report));
+        // The same failure again is not re-reported at once.
+        assert!(vm.setup(&pod).await.errors.iter().all(|e| !e.report));
+
+        let td = vm.teardown("u1").await;
+        assert!(td.failed.is_none() && td.detached.is_empty());
+        assert!(!vm.volumes_dir("u1").exists());
+        assert!(host.is_dir(), "a hostPath is never removed");
+    }
+
+    #[tokio::test]
+    async fn orphans_are_swept() {
+        let t = tempfile::tempdir().unwrap();
+        let vm = VolumeManager::new(t.path(), None);
+        for uid in ["live", "gone"] {
+            fs::create_dir_all(vm.volumes_dir(uid).join(EMPTY_DIR).join("x")).unwrap();
+        }
+        vm.sweep_orphans(HashSet::new());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(t.path().join("pods/gone").exists(), "fresh dirs stay");
+        vm.sweep_orphans_older_than(HashSet::from(["live".to_string()]), Duration::ZERO);
+        for _ in 0..100 {
+            if !t.path().join("pods/gone").exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!t.path().join("pods/gone").exists());
+        assert!(t.path().join("pods/live").exists());
+    }
+}
