@@ -15,6 +15,7 @@
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
 //! - [`node`]: the Node object: facts, registration, status, Lease.
 //! - [`network`]: the CNI configuration for the node's pod CIDR.
+//! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
 //! - [`agent`]: wiring it all together.
@@ -25,6 +26,7 @@ pub mod apiclient;
 pub mod backoff;
 pub mod config;
 pub mod events;
+pub mod logs;
 pub mod manager;
 pub mod metrics;
 pub mod mirror;
