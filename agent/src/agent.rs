@@ -89,18 +89,28 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         "skiff-agent starting"
     );
     let statuses = Arc::new(StatusStore::default());
+    // Receiver: the pod manager, which routes wake-ups by pod uid. Senders:
+    // the PLEG's event stream and the prober (a probe result changed).
+    let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+    // Pod workers and probe workers record through one queue.
+    let (recorder, probe_recorder): (Box<dyn crate::events::Recorder>, Arc<dyn crate::events::Recorder>) =
+        match &client {
+            Some(c) => {
+                let r = crate::events::api_recorder(c.clone(), &config.node_name);
+                (Box::new(r.clone()), Arc::new(r))
+            }
+            None => (Box::new(LogRecorder), Arc::new(LogRecorder)),
+        };
+    let prober = crate::prober::Prober::new(runtime.cri.clone(), probe_recorder, wake_tx.clone());
     let shared = Arc::new(Shared {
         crash_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         image_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         config: config.clone(),
         runtime: runtime.clone(),
-        recorder: match &client {
-            Some(c) => Box::new(crate::events::api_recorder(c.clone(), &config.node_name))
-                as Box<dyn crate::events::Recorder>,
-            None => Box::new(LogRecorder),
-        },
+        recorder,
         statuses: statuses.clone(),
         host_ip,
+        prober,
         volumes: crate::volumes::VolumeManager::new(
             &config.root_dir,
             client
@@ -139,7 +149,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
 
     let (relist_tx, relist_rx) = mpsc::channel(4);
-    let (wake_tx, wake_rx) = mpsc::unbounded_channel();
     let runtime_for_node = runtime.clone();
     let pleg = Pleg::new(
         runtime,

@@ -10,6 +10,8 @@
 //! - [`runtime`]: CRI configs, observation and compound CRI operations.
 //! - [`pleg`]: relisting (and CRI events) to wake workers; runtime health.
 //! - [`status`]: PodStatus as the kubelet computes it.
+//! - [`prober`]: liveness, readiness and startup probes.
+//! - [`lifecycle`]: postStart and preStop hooks.
 //! - [`volumes`]: the pod's volumes, set up before its containers, torn
 //!   down after them; configMaps and secrets read from the API.
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
@@ -26,6 +28,7 @@ pub mod apiclient;
 pub mod backoff;
 pub mod config;
 pub mod events;
+pub mod lifecycle;
 pub mod logs;
 pub mod manager;
 pub mod metrics;
@@ -35,6 +38,7 @@ pub mod node;
 pub mod plan;
 pub mod pleg;
 pub mod pod;
+pub mod prober;
 pub mod runtime;
 pub mod server;
 pub mod source;

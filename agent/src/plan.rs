@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::backoff::Backoff;
 use crate::pod::{PodExt, RestartPolicy};
+use crate::prober::{Kind, PodProbes};
 use crate::runtime::container::container_hash;
 use crate::runtime::state::{ContainerInfo, PodRuntime, State};
 
@@ -62,6 +63,20 @@ pub fn backoff_key(uid: &str, name: &str) -> String {
 /// `now_ns`: wall clock in nanoseconds since the epoch, to compare with
 /// CRI timestamps; `now`: the monotonic clock the back-off uses.
 pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_ns: i64) -> Plan {
+    compute_probed(pod, rt, &PodProbes::default(), backoff, now, now_ns)
+}
+
+/// [`compute`], with the probes' results: a running container whose
+/// liveness or startup probe failed is killed, and restarted unless the
+/// policy is Never (upstream restarts it in the same sync, as here).
+pub fn compute_probed(
+    pod: &Pod,
+    rt: &PodRuntime,
+    probes: &PodProbes,
+    backoff: &Backoff,
+    now: Instant,
+    now_ns: i64,
+) -> Plan {
     let mut plan = Plan::default();
     let policy = pod.restart_policy();
     let grace = pod.grace_period_seconds();
@@ -175,6 +190,12 @@ pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_
                     plan.kill
                         .push((c.id.clone(), grace, "container spec changed".into()));
                     plan.start.push(start_of(spec, false, rt, None));
+                } else if let Some(kind) = probes.failed(&c.id) {
+                    let (why, grace) = probe_kill(pod, spec, kind, grace);
+                    plan.kill.push((c.id.clone(), grace, why));
+                    if policy != RestartPolicy::Never {
+                        plan.start.push(start_of(spec, false, rt, None));
+                    }
                 }
             }
             State::Created => plan.start.push(start_of(spec, false, rt, Some(c))),
@@ -198,6 +219,31 @@ pub fn compute(pod: &Pod, rt: &PodRuntime, backoff: &Backoff, now: Instant, now_
     }
     gc_containers(rt, &mut plan);
     plan
+}
+
+/// The Killing message (upstream's wording, which is also the kill's
+/// `why`) and grace period of a kill for a failed liveness / startup
+/// probe: the probe's own terminationGracePeriodSeconds when set, unless
+/// the pod is being deleted with its own grace.
+fn probe_kill(pod: &Pod, spec: &Container, kind: Kind, pod_grace: i64) -> (String, i64) {
+    let what = match kind {
+        Kind::Startup => "startup",
+        _ => "liveness",
+    };
+    let mut why = format!("Container {} failed {what} probe", spec.name);
+    if pod.restart_policy() != RestartPolicy::Never {
+        why.push_str(", will be restarted");
+    }
+    let probe_grace = kind
+        .of(spec)
+        .and_then(|p| p.termination_grace_period_seconds)
+        .filter(|_| pod.metadata.deletion_grace_period_seconds.is_none());
+    (why, probe_grace.unwrap_or(pod_grace).max(0))
+}
+
+/// Whether a kill's `why` is a probe failure's Killing message.
+pub fn is_probe_kill(why: &str) -> bool {
+    why.starts_with("Container ") && (why.contains(" failed liveness probe") || why.contains(" failed startup probe"))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -34,6 +34,8 @@ pub struct Inputs<'a> {
     pub runtime_name: &'a str,
     pub start_time: Timestamp,
     pub now: Timestamp,
+    /// The probes' results: `started` and `ready` of running containers.
+    pub probes: &'a crate::prober::PodProbes,
 }
 
 pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
@@ -224,8 +226,13 @@ fn container_status(
                     }),
                     ..Default::default()
                 });
-                st.ready = !init;
-                st.started = Some(true);
+                // Started once the startup probe passed (or there is
+                // none); ready once started and the readiness probe
+                // passed (or there is none), as upstream's
+                // UpdatePodStatus.
+                let started = init || i.probes.started(spec, &c.id);
+                st.started = Some(started);
+                st.ready = !init && started && i.probes.ready(spec, &c.id);
                 st.last_state = last_terminated(&c.id);
             }
             State::Exited => {

@@ -39,6 +39,8 @@ pub struct Shared {
     /// ImagePullBackOff delays, keyed `uid/image/<image>`.
     pub image_backoff: Mutex<Backoff>,
     pub host_ip: String,
+    /// Liveness / readiness / startup probe workers and their results.
+    pub prober: crate::prober::Prober,
     /// The pods' volumes, and the API objects they and env project.
     pub volumes: crate::volumes::VolumeManager,
 }
@@ -228,7 +230,8 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
             .crash_backoff
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        plan::compute(pod, &rt, &b, Instant::now(), now_ns)
+        let probes = shared.prober.results(pod.uid());
+        plan::compute_probed(pod, &rt, &probes, &b, Instant::now(), now_ns)
     };
     if volumes.blocked() {
         // Containers wait for their volumes (the kubelet's
@@ -305,6 +308,7 @@ fn waiting_reason<'a>(s: &'a PodStatus, name: &str) -> Option<&'a str> {
 fn report(shared: &Shared, pod: &Pod, rt: &PodRuntime, st: &mut PodState) {
     let now = Timestamp::now();
     let runtime_name = shared.runtime.name();
+    let probes = shared.prober.results(pod.uid());
     let status = status::compute(
         pod,
         &status::Inputs {
@@ -315,8 +319,10 @@ fn report(shared: &Shared, pod: &Pod, rt: &PodRuntime, st: &mut PodState) {
             runtime_name,
             start_time: st.start_time.unwrap_or(now),
             now,
+            probes: &probes,
         },
     );
+    shared.prober.update(pod, rt, &status, &probes);
     if st.previous.as_ref().map(|p| p.phase.clone()) != Some(status.phase.clone()) {
         tracing::info!(pod = %pod.key(), phase = status.phase.as_deref().unwrap_or(""), "pod phase");
     }
@@ -343,22 +349,27 @@ async fn act(
 ) -> SyncResult {
     let runtime = &shared.runtime;
     let kills = plan.kill.iter().map(|(id, grace, why)| {
-        let name = rt
-            .containers
-            .iter()
-            .find(|c| &c.id == id)
-            .map(|c| c.name.clone())
-            .unwrap_or_default();
-        // The kubelet's messages: a spec change says so, any other kill
-        // is plain "Stopping container" (the why stays in the log).
+        let info = rt.containers.iter().find(|c| &c.id == id);
+        let name = info.map(|c| c.name.clone()).unwrap_or_default();
+        // The kubelet's messages: a spec change says so, a failed probe
+        // says which (its why is that message), any other kill is plain
+        // "Stopping container" (the why stays in the log).
         let msg = if why == "container spec changed" {
             format!("Container {name} definition changed, will be restarted")
+        } else if plan::is_probe_kill(why) {
+            why.clone()
         } else {
             tracing::debug!(pod = %pod.key(), container = %name, "stopping: {why}");
             format!("Stopping container {name}")
         };
         shared.recorder.event(pod, NORMAL, "Killing", &msg);
-        runtime.stop_container(id, *grace)
+        async move {
+            match info {
+                // preStop first, within the grace period.
+                Some(c) => crate::lifecycle::stop_container(shared, pod, c, *grace).await,
+                None => runtime.stop_container(id, *grace).await,
+            }
+        }
     });
     for r in futures::future::join_all(kills).await {
         r?;
@@ -590,7 +601,9 @@ async fn start_container(
                 "Started",
                 &format!("Started container {}", spec.name),
             );
-            Ok(())
+            crate::lifecycle::post_start(shared, pod, spec, &id, ctx.pod_ip)
+                .await
+                .map_err(|w| StartError::Wait(w, None))
         }
         Err(e) if e.is_unavailable() => Err(StartError::Runtime(e)),
         Err(e) => {
@@ -743,6 +756,8 @@ async fn teardown(
     pod: Option<&Pod>,
     grace: Option<i64>,
 ) -> Result<(), cri_proto::Error> {
+    // A pod going away is not probed any more (nor restarted for it).
+    shared.prober.remove_pod(uid);
     let rt = shared.runtime.observe_pod(uid).await?;
     let grace = grace.or(pod.map(|p| p.grace_period_seconds()));
     if let Some(p) = pod {
@@ -750,6 +765,8 @@ async fn teardown(
             let msg = format!("Stopping container {}", c.name);
             shared.recorder.event(p, NORMAL, "Killing", &msg);
         }
+        // Each container's preStop hook, then its stop.
+        crate::lifecycle::stop_pod(shared, p, &rt, grace).await?;
     }
     shared.runtime.teardown_pod(&rt, grace).await?;
     if let Some(p) = pod {

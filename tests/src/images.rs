@@ -495,6 +495,54 @@ pub fn toolbox_tag(tag: &str) -> Result<OciImage> {
         .build()
 }
 
+/// Name of [`grpc_health`]'s image.
+pub const GRPC_HEALTH_IMAGE: &str = "skiff.test/grpc-health:1.0";
+
+/// The toolbox plus `/usr/local/bin/grpc-health-server` (this crate's
+/// binary, a tonic gRPC health server) and the host's shared libraries it
+/// links (as `ldd` lists them), so a glibc binary runs in the image.
+///
+/// # Errors
+/// Fails when the binary cannot be built or `ldd` cannot read it.
+pub fn grpc_health() -> Result<OciImage> {
+    let bin = crate::agent::workspace_binary("skiff-tests", "grpc-health-server")?;
+    let mut layer = LayerBuilder::new().file(
+        "usr/local/bin/grpc-health-server",
+        fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?,
+        0o755,
+    );
+    let out = Command::new("ldd")
+        .arg(&bin)
+        .output()
+        .context("running ldd")?;
+    if !out.status.success() {
+        bail!("ldd {} failed: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` and
+    // `/lib64/ld-linux-x86-64.so.2 (0x...)`: every absolute path.
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(path) = line.split_whitespace().find(|w| w.starts_with('/')) else {
+            continue;
+        };
+        let data = fs::read(path).with_context(|| format!("reading {path}"))?;
+        layer = layer.file(path, data, 0o755);
+    }
+    let toolbox = cached_layer(
+        {
+            static LAYER: OnceLock<Mutex<Option<Layer>>> = OnceLock::new();
+            &LAYER
+        },
+        toolbox_layer,
+    )?;
+    ImageBuilder::new(GRPC_HEALTH_IMAGE)
+        .layer(toolbox)
+        .layer(layer.build()?)
+        .env(TOOLBOX_PATH)
+        .cmd(["sh"])
+        .working_dir("/")
+        .build()
+}
+
 fn cached_layer(
     cell: &'static OnceLock<Mutex<Option<Layer>>>,
     build: impl FnOnce() -> Result<Layer>,

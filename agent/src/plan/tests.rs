@@ -211,3 +211,53 @@ fn duplicate_sandbox_is_stopped() {
     assert_eq!(plan.stop_sandboxes, vec!["s1"]);
     assert_eq!(plan.remove_sandboxes, vec!["s1"]);
 }
+
+fn probed(policy: &str) -> Pod {
+    pod(&format!(
+        "metadata: {{name: p, uid: u}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 30\n  containers:\n  - {{name: a, image: i, livenessProbe: {{exec: {{command: [x]}}, terminationGracePeriodSeconds: 3}}, startupProbe: {{exec: {{command: [x]}}}}}}\n"
+    ))
+}
+
+#[test]
+fn failed_liveness_kills_and_restarts_with_the_probe_grace() {
+    use crate::prober::{Kind, Outcome, PodProbes};
+    let p = probed("Always");
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![container(&p, "a", State::Running, 0, 0)],
+    };
+    let id = rt.containers[0].id.clone();
+    let ok = PodProbes::from_results([(id.clone(), Kind::Liveness, Outcome::Success)]);
+    let plan = compute_probed(&p, &rt, &ok, &backoff(), Instant::now(), 100 * SEC);
+    assert!(plan.kill.is_empty() && plan.start.is_empty());
+
+    let failed = PodProbes::from_results([(id.clone(), Kind::Liveness, Outcome::Failure)]);
+    let plan = compute_probed(&p, &rt, &failed, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(
+        plan.kill,
+        vec![(
+            id.clone(),
+            3,
+            "Container a failed liveness probe, will be restarted".to_string()
+        )]
+    );
+    assert!(is_probe_kill(&plan.kill[0].2));
+    assert_eq!(names(&plan), vec!["a"]);
+    assert_eq!(plan.start[0].restart_count, 1);
+
+    // A failed startup probe: the pod's grace (the probe sets none).
+    let failed = PodProbes::from_results([(id.clone(), Kind::Startup, Outcome::Failure)]);
+    let plan = compute_probed(&p, &rt, &failed, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.kill[0].1, 30);
+    assert_eq!(
+        plan.kill[0].2,
+        "Container a failed startup probe, will be restarted"
+    );
+
+    // Never: killed, not restarted.
+    let p = probed("Never");
+    let failed = PodProbes::from_results([(id.clone(), Kind::Liveness, Outcome::Failure)]);
+    let plan = compute_probed(&p, &rt, &failed, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan.kill[0].2, "Container a failed liveness probe");
+    assert!(plan.start.is_empty());
+}

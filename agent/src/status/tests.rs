@@ -41,6 +41,7 @@ fn run(p: &Pod, rt: &PodRuntime, waiting: &HashMap<String, WaitReason>) -> PodSt
             runtime_name: "containerd",
             start_time: now,
             now,
+            probes: &Default::default(),
         },
     )
 }
@@ -182,4 +183,59 @@ fn go_durations() {
     assert_eq!(fmt_duration(Duration::from_secs(10)), "10s");
     assert_eq!(fmt_duration(Duration::from_secs(80)), "1m20s");
     assert_eq!(fmt_duration(Duration::from_secs(300)), "5m0s");
+}
+
+#[test]
+fn probes_drive_started_ready_and_conditions() {
+    use crate::prober::{Kind, Outcome, PodProbes};
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  containers:\n  - {name: a, image: toolbox:1, readinessProbe: {exec: {command: [x]}}, startupProbe: {exec: {command: [x]}}}\n");
+    let rt = rt(vec![c(&p, "a", State::Running, 0, 0)], true);
+    let id = rt.containers[0].id.clone();
+    let with = |probes: &PodProbes| {
+        let now = Timestamp::now();
+        compute(
+            &p,
+            &Inputs {
+                rt: &rt,
+                waiting: &HashMap::new(),
+                previous: None,
+                host_ip: "198.18.0.1",
+                runtime_name: "containerd",
+                start_time: now,
+                now,
+                probes,
+            },
+        )
+    };
+    // Nothing probed yet: not started, not ready.
+    let s = with(&PodProbes::default());
+    let cs = &s.container_statuses.as_ref().unwrap()[0];
+    assert_eq!((cs.started, cs.ready), (Some(false), false));
+    assert_eq!(cond(&s, "Ready").status, "False");
+    assert_eq!(
+        cond(&s, "ContainersReady").message.as_deref(),
+        Some("containers with unready status: [a]")
+    );
+    // Started, readiness not yet passed.
+    let s = with(&PodProbes::from_results([(
+        id.clone(),
+        Kind::Startup,
+        Outcome::Success,
+    )]));
+    let cs = &s.container_statuses.as_ref().unwrap()[0];
+    assert_eq!((cs.started, cs.ready), (Some(true), false));
+    // Readiness passed too, but it only counts once started.
+    let s = with(&PodProbes::from_results([(
+        id.clone(),
+        Kind::Readiness,
+        Outcome::Success,
+    )]));
+    assert!(!s.container_statuses.as_ref().unwrap()[0].ready);
+    let s = with(&PodProbes::from_results([
+        (id.clone(), Kind::Startup, Outcome::Success),
+        (id.clone(), Kind::Readiness, Outcome::Success),
+    ]));
+    assert!(s.container_statuses.as_ref().unwrap()[0].ready);
+    assert_eq!(cond(&s, "Ready").status, "True");
+    assert_eq!(cond(&s, "ContainersReady").status, "True");
 }
