@@ -93,6 +93,15 @@ pub struct Config {
     /// CA bundle that client certificates must chain to; defaults to the
     /// CA of the kubeconfig's cluster.
     pub client_ca_file: Option<PathBuf>,
+    /// A container's log is rotated once it reaches this many bytes
+    /// (containerLogMaxSize, 10Mi); None (a negative size) never rotates.
+    pub container_log_max_size: Option<u64>,
+    /// Log files kept per container, the current one included
+    /// (containerLogMaxFiles, 5; at least 2).
+    pub container_log_max_files: u32,
+    /// How often logs are checked for rotation
+    /// (containerLogMonitorInterval, 10s).
+    pub container_log_monitor_interval: Duration,
 }
 
 impl Default for Config {
@@ -128,6 +137,9 @@ impl Default for Config {
             tls_cert_file: None,
             tls_private_key_file: None,
             client_ca_file: None,
+            container_log_max_size: Some(10 << 20),
+            container_log_max_files: 5,
+            container_log_monitor_interval: Duration::from_secs(10),
         }
     }
 }
@@ -171,6 +183,9 @@ pub struct FileConfig {
     /// KubeletConfiguration's `authentication.x509.clientCAFile`, flat.
     #[serde(rename = "clientCAFile")]
     pub client_ca_file: Option<PathBuf>,
+    pub container_log_max_size: Option<String>,
+    pub container_log_max_files: Option<u32>,
+    pub container_log_monitor_interval: Option<DurationStr>,
 }
 
 impl FileConfig {
@@ -238,11 +253,58 @@ impl FileConfig {
         c.tls_cert_file = self.tls_cert_file.or(c.tls_cert_file.take());
         c.tls_private_key_file = self.tls_private_key_file.or(c.tls_private_key_file.take());
         c.client_ca_file = self.client_ca_file.or(c.client_ca_file.take());
+        if let Some(size) = self.container_log_max_size {
+            c.container_log_max_size = parse_log_max_size(&size)?;
+        }
+        if let Some(n) = self.container_log_max_files {
+            c.container_log_max_files = check_log_max_files(n)?;
+        }
+        set!(
+            container_log_monitor_interval,
+            self.container_log_monitor_interval.map(|d| d.0)
+        );
         if let Some(addr) = self.status_address {
             c.status_address = parse_optional_addr(&addr)?;
         }
         Ok(())
     }
+}
+
+/// containerLogMaxSize: a quantity (`10Mi`, `500Ki`, `1G`, `4096`); a
+/// negative one turns rotation off, as in the kubelet.
+pub fn parse_log_max_size(s: &str) -> std::result::Result<Option<u64>, String> {
+    let s = s.trim();
+    if s.starts_with('-') {
+        return Ok(None);
+    }
+    let invalid = || format!("invalid container log max size {s:?}: expected e.g. 10Mi, 500Ki, 1G");
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let mult: u64 = match suffix {
+        "" => 1,
+        "k" => 1000,
+        "M" => 1000_u64.pow(2),
+        "G" => 1000_u64.pow(3),
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => return Err(invalid()),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .map(Some)
+        .ok_or_else(invalid)
+}
+
+/// containerLogMaxFiles must leave room for the current and one rotated file.
+pub fn check_log_max_files(n: u32) -> std::result::Result<u32, String> {
+    if n < 2 {
+        return Err(format!(
+            "invalid container log max files {n}: must be at least 2"
+        ));
+    }
+    Ok(n)
 }
 
 /// `""` or `none` disables the endpoint.
@@ -351,5 +413,24 @@ mod tests {
         assert_eq!(c.backoff_initial, Duration::from_secs(1));
         assert_eq!(c.status_address, None);
         assert!(serde_yaml::from_str::<FileConfig>("staticPodPth: x").is_err());
+    }
+
+    #[test]
+    fn container_log_rotation_settings() {
+        let f: FileConfig = serde_yaml::from_str(
+            "containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 1s\n",
+        )
+        .unwrap();
+        let mut c = Config::default();
+        assert_eq!(c.container_log_max_size, Some(10 << 20));
+        f.apply(&mut c).unwrap();
+        assert_eq!(c.container_log_max_size, Some(4096));
+        assert_eq!(c.container_log_max_files, 3);
+        assert_eq!(c.container_log_monitor_interval, Duration::from_secs(1));
+        assert_eq!(parse_log_max_size("10Mi"), Ok(Some(10 << 20)));
+        assert_eq!(parse_log_max_size("1G"), Ok(Some(1_000_000_000)));
+        assert_eq!(parse_log_max_size("-1"), Ok(None));
+        assert!(parse_log_max_size("10MB").is_err());
+        assert!(check_log_max_files(1).is_err());
     }
 }

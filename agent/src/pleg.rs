@@ -103,7 +103,12 @@ impl Pleg {
                 _ = interval.tick() => {}
                 _ = self.tx.closed() => break,
             }
-            match self.relist(&mut previous).await {
+            let started = Instant::now();
+            let relisted = self.relist(&mut previous).await;
+            crate::metrics::metrics()
+                .pleg_relist
+                .observe(started.elapsed().as_secs_f64());
+            match relisted {
                 Ok(r) => {
                     if self.tx.send(r).await.is_err() {
                         break;

@@ -4,8 +4,10 @@
 //! attach, port-forward, metrics and stats.
 
 pub mod auth;
+pub mod logs;
 pub mod readonly;
 pub mod secure;
+pub mod stats;
 pub mod stream;
 pub mod tls;
 

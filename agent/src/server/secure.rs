@@ -42,8 +42,8 @@ pub fn router(state: ServerState, authorizer: Arc<Authorizer>) -> Router {
         .with_state(state.clone())
         .merge(stream::routes(state.clone()))
         // Handlers of other modules plug in here, each `routes(state)`:
-        // .merge(logs::routes(state.clone()))
-        // .merge(stats::routes(state.clone()))
+        .merge(super::logs::routes(state.clone()))
+        .merge(super::stats::routes(state.clone()))
         .layer(middleware::from_fn_with_state(authorizer, guard))
 }
 

@@ -121,4 +121,13 @@ pub struct RunFlags {
     /// kubeconfig's cluster CA).
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// Rotate a container's log at this size, e.g. 10Mi (negative: never).
+    #[arg(long, allow_hyphen_values = true)]
+    pub container_log_max_size: Option<String>,
+    /// Log files kept per container, the current one included (5).
+    #[arg(long)]
+    pub container_log_max_files: Option<u32>,
+    /// How often container logs are checked for rotation, e.g. 10s.
+    #[arg(long)]
+    pub container_log_monitor_interval: Option<String>,
 }

@@ -149,6 +149,20 @@ fn effective_config(f: cli::RunFlags) -> Result<Config> {
     if let Some(v) = f.client_ca_file {
         c.client_ca_file = Some(v);
     }
+    if let Some(v) = f.container_log_max_size {
+        c.container_log_max_size = skiff_agent::config::parse_log_max_size(&v)
+            .map_err(|e| anyhow::anyhow!("--container-log-max-size: {e}"))?;
+    }
+    if let Some(v) = f.container_log_max_files {
+        c.container_log_max_files = skiff_agent::config::check_log_max_files(v)
+            .map_err(|e| anyhow::anyhow!("--container-log-max-files: {e}"))?;
+    }
+    if let Some(v) = dur(
+        "container-log-monitor-interval",
+        &f.container_log_monitor_interval,
+    )? {
+        c.container_log_monitor_interval = v;
+    }
     Ok(c)
 }
 
