@@ -138,6 +138,9 @@ struct PodState {
     waiting: HashMap<String, WaitReason>,
     start_time: Option<Timestamp>,
     previous: Option<PodStatus>,
+    /// When this worker first saw a pod it has to start; None once all its
+    /// containers ran (or when it adopted a pod already started).
+    first_seen: Option<Instant>,
 }
 
 /// Run one pod's worker until it has torn the pod down or its channel
@@ -153,6 +156,7 @@ pub async fn run(
         waiting: HashMap::new(),
         start_time: None,
         previous: None,
+        first_seen: Some(Instant::now()),
     };
     let mut terminate: Option<Option<i64>> = None;
     let mut next = Instant::now();
@@ -222,6 +226,9 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
         // After an agent restart the pod started when its first sandbox did.
         let first = rt.sandboxes.iter().map(|s| s.created_at).min();
         st.start_time = Some(first.map(status::ns_to_time).unwrap_or_else(Timestamp::now));
+        if first.is_some() {
+            st.first_seen = None;
+        }
     }
     let volumes = setup_volumes(shared, pod).await;
     let now_ns = Timestamp::now().as_nanosecond() as i64;
@@ -327,7 +334,25 @@ fn report(shared: &Shared, pod: &Pod, rt: &PodRuntime, st: &mut PodState) {
         tracing::info!(pod = %pod.key(), phase = status.phase.as_deref().unwrap_or(""), "pod phase");
     }
     shared.statuses.set(pod, status.clone());
+    observe_pod_start(st, &status);
     st.previous = Some(status);
+}
+
+/// `kubelet_pod_start_duration_seconds`: from first seeing the pod to all
+/// its containers running, once per pod.
+fn observe_pod_start(st: &mut PodState, status: &PodStatus) {
+    let Some(seen) = st.first_seen else { return };
+    let containers = status.container_statuses.as_deref().unwrap_or_default();
+    let all_running = !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    if all_running {
+        crate::metrics::metrics()
+            .pod_start
+            .observe(seen.elapsed().as_secs_f64());
+        st.first_seen = None;
+    }
 }
 
 fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
