@@ -93,14 +93,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // the PLEG's event stream and the prober (a probe result changed).
     let (wake_tx, wake_rx) = mpsc::unbounded_channel();
     // Pod workers and probe workers record through one queue.
-    let (recorder, probe_recorder): (Box<dyn crate::events::Recorder>, Arc<dyn crate::events::Recorder>) =
-        match &client {
-            Some(c) => {
-                let r = crate::events::api_recorder(c.clone(), &config.node_name);
-                (Box::new(r.clone()), Arc::new(r))
-            }
-            None => (Box::new(LogRecorder), Arc::new(LogRecorder)),
-        };
+    let (recorder, probe_recorder): (
+        Box<dyn crate::events::Recorder>,
+        Arc<dyn crate::events::Recorder>,
+    ) = match &client {
+        Some(c) => {
+            let r = crate::events::api_recorder(c.clone(), &config.node_name);
+            (Box::new(r.clone()), Arc::new(r))
+        }
+        None => (Box::new(LogRecorder), Arc::new(LogRecorder)),
+    };
     let prober = crate::prober::Prober::new(runtime.cri.clone(), probe_recorder, wake_tx.clone());
     let shared = Arc::new(Shared {
         crash_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),

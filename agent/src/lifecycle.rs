@@ -117,7 +117,9 @@ async fn stop(
             .unwrap_or_else(|| shared.host_ip.clone());
         let limit = Duration::from_secs(grace as u64);
         match tokio::time::timeout(limit, run(shared, pod, spec, id, hook, &ip, grace)).await {
-            Ok(Ok(())) => tracing::debug!(pod = %pod.key(), container = %name, "preStop hook completed"),
+            Ok(Ok(())) => {
+                tracing::debug!(pod = %pod.key(), container = %name, "preStop hook completed")
+            }
             Ok(Err(msg)) => {
                 tracing::warn!(pod = %pod.key(), container = %name, "preStop hook failed: {msg}");
                 shared

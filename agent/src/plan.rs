@@ -243,7 +243,8 @@ fn probe_kill(pod: &Pod, spec: &Container, kind: Kind, pod_grace: i64) -> (Strin
 
 /// Whether a kill's `why` is a probe failure's Killing message.
 pub fn is_probe_kill(why: &str) -> bool {
-    why.starts_with("Container ") && (why.contains(" failed liveness probe") || why.contains(" failed startup probe"))
+    why.starts_with("Container ")
+        && (why.contains(" failed liveness probe") || why.contains(" failed startup probe"))
 }
 
 #[allow(clippy::too_many_arguments)]

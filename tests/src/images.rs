@@ -516,7 +516,11 @@ pub fn grpc_health() -> Result<OciImage> {
         .output()
         .context("running ldd")?;
     if !out.status.success() {
-        bail!("ldd {} failed: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "ldd {} failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` and
     // `/lib64/ld-linux-x86-64.so.2 (0x...)`: every absolute path.

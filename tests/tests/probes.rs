@@ -77,7 +77,9 @@ fn condition(p: &Pod, type_: &str) -> String {
 
 /// Ready as a whole: the container, and both pod conditions.
 fn fully_ready(p: &Pod) -> bool {
-    container_ready(p) && condition(p, "Ready") == "True" && condition(p, "ContainersReady") == "True"
+    container_ready(p)
+        && condition(p, "Ready") == "True"
+        && condition(p, "ContainersReady") == "True"
 }
 
 fn fully_unready(p: &Pod) -> bool {
@@ -122,10 +124,7 @@ async fn wait_log(agent: &Agent, needles: &[&str]) -> Result<String> {
     let deadline = Instant::now() + T;
     loop {
         let log = agent_log(agent);
-        if let Some(l) = log
-            .lines()
-            .find(|l| needles.iter().all(|n| l.contains(n)))
-        {
+        if let Some(l) = log.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
             return Ok(l.to_string());
         }
         if Instant::now() > deadline {
@@ -171,17 +170,29 @@ async fn exec_probes_pass_fail_and_restart() -> Result<()> {
     )?;
     let p = wait(&agent, "ready", "Ready", fully_ready).await?;
     exec(&cd, &p, "rm /tmp/ready").await?;
-    wait(&agent, "ready", "not Ready after the file went", fully_unready).await?;
+    wait(
+        &agent,
+        "ready",
+        "not Ready after the file went",
+        fully_unready,
+    )
+    .await?;
     wait_log(&agent, &["Unhealthy", "Readiness probe failed"]).await?;
     exec(&cd, &p, "touch /tmp/ready").await?;
     let p = wait(&agent, "ready", "Ready again", fully_ready).await?;
     ensure!(pods::restarts(&p, "c") == 0, "readiness never restarts");
 
-    wait(&agent, "dead", "restarted twice", |p| pods::restarts(p, "c") >= 2).await?;
+    wait(&agent, "dead", "restarted twice", |p| {
+        pods::restarts(p, "c") >= 2
+    })
+    .await?;
     wait_log(&agent, &["Unhealthy", "Liveness probe failed: sick"]).await?;
     wait_log(
         &agent,
-        &["Killing", "Container c failed liveness probe, will be restarted"],
+        &[
+            "Killing",
+            "Container c failed liveness probe, will be restarted",
+        ],
     )
     .await?;
     drop(agent);
@@ -238,16 +249,26 @@ async fn http_and_tcp_probes() -> Result<()> {
     wait(&agent, "web", "not Ready on 404", fully_unready).await?;
     wait_log(
         &agent,
-        &["Unhealthy", "Readiness probe failed: HTTP probe failed with statuscode: 404"],
+        &[
+            "Unhealthy",
+            "Readiness probe failed: HTTP probe failed with statuscode: 404",
+        ],
     )
     .await?;
     exec(&cd, &p, "echo ok > /www/healthz").await?;
     wait(&agent, "web", "Ready again", fully_ready).await?;
 
-    wait(&agent, "webdead", "restarted", |p| pods::restarts(p, "c") >= 1).await?;
+    wait(&agent, "webdead", "restarted", |p| {
+        pods::restarts(p, "c") >= 1
+    })
+    .await?;
     wait_log(
         &agent,
-        &["Liveness probe failed: Get \"http://", ":8081/healthz\": dial tcp", "connection refused"],
+        &[
+            "Liveness probe failed: Get \"http://",
+            ":8081/healthz\": dial tcp",
+            "connection refused",
+        ],
     )
     .await?;
 
@@ -257,7 +278,14 @@ async fn http_and_tcp_probes() -> Result<()> {
     .await?;
     ensure!(pods::restarts(&p, "c") >= 1);
     wait(&agent, "tcp", "Ready through tcpSocket", fully_ready).await?;
-    wait_log(&agent, &["Liveness probe failed: dial tcp", ":9999: connect: connection refused"]).await?;
+    wait_log(
+        &agent,
+        &[
+            "Liveness probe failed: dial tcp",
+            ":9999: connect: connection refused",
+        ],
+    )
+    .await?;
     drop(agent);
     cd.cleanup().await
 }
@@ -277,17 +305,21 @@ async fn grpc_probes() -> Result<()> {
         "grpc.json",
         &manifest(
             "grpc",
-            server(json!({"readinessProbe": {"grpc": {"port": 9090, "service": "api"},
-                                             "periodSeconds": 1, "failureThreshold": 1}})),
+            server(
+                json!({"readinessProbe": {"grpc": {"port": 9090, "service": "api"},
+                                             "periodSeconds": 1, "failureThreshold": 1}}),
+            ),
         ),
     )?;
     agent.write_manifest(
         "grpcdead.json",
         &manifest(
             "grpcdead",
-            server(json!({"livenessProbe": {"grpc": {"port": 9090, "service": "nosuch"},
+            server(
+                json!({"livenessProbe": {"grpc": {"port": 9090, "service": "nosuch"},
                                             "periodSeconds": 1, "failureThreshold": 2,
-                                            "terminationGracePeriodSeconds": 1}})),
+                                            "terminationGracePeriodSeconds": 1}}),
+            ),
         ),
     )?;
     let p = wait(&agent, "grpc", "Ready", fully_ready).await?;
@@ -301,8 +333,15 @@ async fn grpc_probes() -> Result<()> {
     exec(&cd, &p, "rm /tmp/unhealthy").await?;
     wait(&agent, "grpc", "Ready again", fully_ready).await?;
 
-    wait(&agent, "grpcdead", "restarted", |p| pods::restarts(p, "c") >= 1).await?;
-    wait_log(&agent, &["Liveness probe failed: error: health rpc probe failed"]).await?;
+    wait(&agent, "grpcdead", "restarted", |p| {
+        pods::restarts(p, "c") >= 1
+    })
+    .await?;
+    wait_log(
+        &agent,
+        &["Liveness probe failed: error: health rpc probe failed"],
+    )
+    .await?;
     drop(agent);
     cd.cleanup().await
 }
@@ -338,8 +377,14 @@ async fn startup_probe_holds_back_liveness_and_readiness() -> Result<()> {
     ensure!(fully_unready(&p), "not ready before it started");
     // The startup probe is failing meanwhile: that is what it is for.
     wait_log(&agent, &["Startup probe failed"]).await?;
-    let p = wait(&agent, "slow", "still unstarted", |p| started(p) == Some(false)).await?;
-    ensure!(pods::restarts(&p, "c") == 0, "liveness held back: no restart");
+    let p = wait(&agent, "slow", "still unstarted", |p| {
+        started(p) == Some(false)
+    })
+    .await?;
+    ensure!(
+        pods::restarts(&p, "c") == 0,
+        "liveness held back: no restart"
+    );
     ensure!(
         !agent_log(&agent).contains("Liveness probe failed"),
         "liveness must not run before the startup probe passes"
@@ -364,7 +409,10 @@ async fn startup_probe_holds_back_liveness_and_readiness() -> Result<()> {
     .await?;
     wait_log(
         &agent,
-        &["Killing", "Container c failed startup probe, will be restarted"],
+        &[
+            "Killing",
+            "Container c failed startup probe, will be restarted",
+        ],
     )
     .await?;
     drop(agent);
@@ -461,9 +509,7 @@ async fn pre_stop_runs_before_the_stop_signal() -> Result<()> {
         ordered(&seen, "preStop ran", "got SIGTERM"),
         "preStop before SIGTERM on deletion: {seen:?}"
     );
-    agent
-        .wait_pod_gone(&agent.pod_name("hooks"), T)
-        .await?;
+    agent.wait_pod_gone(&agent.pod_name("hooks"), T).await?;
     drop(agent);
     cd.cleanup().await
 }
@@ -495,7 +541,11 @@ async fn failed_post_start_kills_and_restarts() -> Result<()> {
     wait_log(&agent, &["FailedPostStartHook", "PostStartHook failed"]).await?;
     wait_log(
         &agent,
-        &["postStart hook failed", "Exec lifecycle hook ([sh -c echo nope; exit 3])", "exited with 3"],
+        &[
+            "postStart hook failed",
+            "Exec lifecycle hook ([sh -c echo nope; exit 3])",
+            "exited with 3",
+        ],
     )
     .await?;
     wait(&agent, "badhook", "waiting with the hook's reason", |p| {
@@ -505,11 +555,18 @@ async fn failed_post_start_kills_and_restarts() -> Result<()> {
         )
     })
     .await?;
-    wait(&agent, "badhttp", "restarted after failed http postStart", |p| {
-        pods::restarts(p, "c") >= 1
-    })
+    wait(
+        &agent,
+        "badhttp",
+        "restarted after failed http postStart",
+        |p| pods::restarts(p, "c") >= 1,
+    )
     .await?;
-    wait_log(&agent, &["postStart hook failed", "HTTP lifecycle hook (/hook)"]).await?;
+    wait_log(
+        &agent,
+        &["postStart hook failed", "HTTP lifecycle hook (/hook)"],
+    )
+    .await?;
     drop(agent);
     cd.cleanup().await
 }

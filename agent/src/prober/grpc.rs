@@ -21,9 +21,7 @@ pub async fn probe(host: &str, port: u16, service: &str, timeout: Duration) -> V
     let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
         Ok(e) => e,
         Err(e) => {
-            return Verdict::Failure(format!(
-                "error: failed to connect service at {addr:?}: {e}"
-            ))
+            return Verdict::Failure(format!("error: failed to connect service at {addr:?}: {e}"))
         }
     };
     let endpoint = endpoint.connect_timeout(timeout).timeout(timeout);
@@ -107,6 +105,9 @@ mod tests {
         let Verdict::Failure(msg) = v else {
             panic!("{v:?}")
         };
-        assert!(msg.starts_with("error: failed to connect service at"), "{msg}");
+        assert!(
+            msg.starts_with("error: failed to connect service at"),
+            "{msg}"
+        );
     }
 }

@@ -110,7 +110,10 @@ pub fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
         let policy = redirect::Policy::custom(|a| {
-            let first = a.previous().first().and_then(|u| u.host_str().map(str::to_string));
+            let first = a
+                .previous()
+                .first()
+                .and_then(|u| u.host_str().map(str::to_string));
             if a.url().host_str().map(str::to_string) != first {
                 a.stop()
             } else if a.previous().len() >= 10 {
@@ -175,9 +178,7 @@ pub async fn probe(get: &Get, timeout: Duration) -> Verdict {
 pub fn classify(status: u16, body: String) -> Verdict {
     match status {
         200..=299 => Verdict::Success(body),
-        300..=399 => Verdict::Warning(format!(
-            "Probe terminated redirects, Response body: {body}"
-        )),
+        300..=399 => Verdict::Warning(format!("Probe terminated redirects, Response body: {body}")),
         _ => Verdict::Failure(format!("HTTP probe failed with statuscode: {status}")),
     }
 }
@@ -223,7 +224,10 @@ mod tests {
     #[test]
     fn status_classes() {
         assert_eq!(classify(200, "ok".into()), Verdict::Success("ok".into()));
-        assert_eq!(classify(204, String::new()), Verdict::Success(String::new()));
+        assert_eq!(
+            classify(204, String::new()),
+            Verdict::Success(String::new())
+        );
         assert!(matches!(classify(302, String::new()), Verdict::Warning(_)));
         assert_eq!(
             classify(399, String::new()),
@@ -257,7 +261,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(g.url, "https://127.0.0.1:443/a?b=c");
-        assert!(!g.headers.contains_key(ACCEPT), "an empty Accept removes it");
+        assert!(
+            !g.headers.contains_key(ACCEPT),
+            "an empty Accept removes it"
+        );
         assert_eq!(g.headers["x-custom"], "v");
         assert_eq!(g.headers[USER_AGENT], "me");
         assert!(!g.headers.contains_key(HOST));

@@ -54,7 +54,10 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let t = Duration::from_secs(1);
-        assert_eq!(probe("127.0.0.1", port, t).await, Verdict::Success(String::new()));
+        assert_eq!(
+            probe("127.0.0.1", port, t).await,
+            Verdict::Success(String::new())
+        );
         drop(l);
         assert_eq!(
             probe("127.0.0.1", port, t).await,

@@ -127,7 +127,8 @@ async fn probe_once(
             // Readiness of a dead container is false. (Liveness and
             // startup are left alone: only running containers are killed.)
             if kind == Kind::Readiness {
-                ctx.results.set(uid, &t.container_id, kind, Outcome::Failure);
+                ctx.results
+                    .set(uid, &t.container_id, kind, Outcome::Failure);
             }
             // Nothing more to probe if it will not run again.
             return t.pod.restart_policy() != RestartPolicy::Never;
@@ -136,7 +137,8 @@ async fn probe_once(
     }
     if t.pod.is_being_deleted() && kind != Kind::Readiness {
         // A pod shutting down is not restarted for failing probes.
-        ctx.results.set(uid, &t.container_id, kind, Outcome::Success);
+        ctx.results
+            .set(uid, &t.container_id, kind, Outcome::Success);
         return false;
     }
     let now_ns = jiff::Timestamp::now().as_nanosecond() as i64;
@@ -248,7 +250,11 @@ async fn run_handler(
         return Ok(http::probe(&get, timing.timeout).await);
     }
     if let Some(s) = &p.tcp_socket {
-        let host = s.host.as_deref().filter(|h| !h.is_empty()).unwrap_or(&t.pod_ip);
+        let host = s
+            .host
+            .as_deref()
+            .filter(|h| !h.is_empty())
+            .unwrap_or(&t.pod_ip);
         if host.is_empty() {
             return Err(Error::NoPodIp);
         }

@@ -1,6 +1,6 @@
 //! The read-only status endpoint (the kubelet's read-only port, 10255 by
 //! default, loopback only): `/healthz`, `/pods` (a PodList with live
-//! statuses), `/node` (this node as a Node object). It is how a user
+//! statuses), `/node` (this node as a Node object), `/metrics`. It is how a user
 //! inspects a node before it has joined an API server.
 
 use std::future::Future;
@@ -31,6 +31,7 @@ pub fn router(state: ServerState) -> Router {
         .route("/healthz", get(healthz))
         .route("/pods", get(pods))
         .route("/node", get(node))
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 
@@ -71,4 +72,17 @@ async fn node(State(s): State<ServerState>) -> Response {
         s.health.ready(),
     );
     Json(node).into_response()
+}
+
+/// The agent's Prometheus metrics, as on the node server: loopback only,
+/// like the rest of this endpoint.
+async fn metrics() -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::metrics().render(),
+    )
+        .into_response()
 }
