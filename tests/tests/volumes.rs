@@ -38,6 +38,11 @@ where
     }
 }
 
+/// Progress on stderr, so a slow stage shows in the test's output.
+fn stage(start: Instant, what: &str) {
+    eprintln!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+}
+
 fn read(p: &Path) -> Option<String> {
     std::fs::read_to_string(p).ok()
 }
@@ -64,8 +69,10 @@ fn block(script: &str, indent: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
+    let t0 = Instant::now();
     let cd = Containerd::start().await?;
     let agent = Agent::start(&cd, AgentOptions::default()).await?;
+    stage(t0, "agent started");
     let root = agent.dir().join("root");
     let out = agent.dir().join("out");
     let given = agent.dir().join("given-file");
@@ -87,9 +94,10 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
     agent.write_manifest("vols.yaml", &manifest)?;
     let name = agent.pod_name("vols");
     let pod = agent
-        .wait_pod(&name, T, "Running", |p| pods::all_running(p))
+        .wait_pod(&name, T, "Running", pods::all_running)
         .await?;
     let uid = pod.metadata.uid.clone().context("uid")?;
+    stage(t0, "vols running");
     until(T, "the container's report", || async {
         Ok(read(&out.join("done")))
     })
@@ -105,7 +113,8 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
     let volumes = root.join("pods").join(&uid).join("volumes");
     let host = host_mounts_under(&volumes);
     ensure!(
-        host.iter().any(|m| m.ends_with("kubernetes.io~empty-dir/mem")),
+        host.iter()
+            .any(|m| m.ends_with("kubernetes.io~empty-dir/mem")),
         "no tmpfs on the host under {}: {host:?}",
         volumes.display()
     );
@@ -129,6 +138,7 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
         ),
     )?;
     let waits = agent.pod_name("waits");
+    stage(t0, "checked vols; waits written");
     agent
         .wait_pod(&waits, T, "ContainerCreating", |p| {
             pods::waiting_reason(p, "c") == "ContainerCreating"
@@ -142,6 +152,7 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
         Ok(agent.log_tail(400).contains(&want).then_some(()))
     })
     .await?;
+    stage(t0, "waits waiting with FailedMount");
     std::fs::create_dir_all(&missing)?;
     agent
         .wait_pod(&waits, T, "Running once the path exists", |p| {
@@ -149,11 +160,13 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
         })
         .await?;
 
+    stage(t0, "waits running");
     // Teardown: no mount and no directory of the pod is left.
     agent.remove_manifest("vols.yaml")?;
     agent.remove_manifest("waits.yaml")?;
     agent.wait_pod_gone(&name, T).await?;
     agent.wait_pod_gone(&waits, T).await?;
+    stage(t0, "pods gone");
     let pod_dir = root.join("pods").join(&uid);
     until(T, "the pod's directory removed", || async {
         Ok((!pod_dir.exists()).then_some(()))
@@ -161,7 +174,10 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
     .await?;
     let left = host_mounts_under(&pod_dir);
     ensure!(left.is_empty(), "mounts left behind: {left:?}");
-    assert!(out.join("done").exists() && given.exists(), "hostPaths stay");
+    assert!(
+        out.join("done").exists() && given.exists(),
+        "hostPaths stay"
+    );
     Ok(())
 }
 
@@ -195,13 +211,17 @@ fn config_map(name: &str, data: &[(&str, &str)]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_maps_secrets_downward_api_and_env_through_the_api() -> Result<()> {
+    let t0 = Instant::now();
     let cluster = Cluster::start(1, ClusterOptions::default()).await?;
+    stage(t0, "cluster started");
     let node = cluster.nodes()[0].name().to_string();
     let root = cluster.nodes()[0].dir().join("root");
     let out = cluster.nodes()[0].dir().join("out");
     std::fs::create_dir_all(&out)?;
 
-    cluster.apply(&config_map("cfg", &[("one", "v0"), ("two", "v0")])).await?;
+    cluster
+        .apply(&config_map("cfg", &[("one", "v0"), ("two", "v0")]))
+        .await?;
     cluster
         .apply("apiVersion: v1\nkind: Secret\nmetadata: {name: sec}\nstringData: {a: alpha, b: beta}\n")
         .await?;
@@ -283,6 +303,7 @@ spec:
     .await?;
     let uid = p["metadata"]["uid"].as_str().unwrap_or("").to_string();
     let pod_ip = p["status"]["podIP"].as_str().unwrap_or("").to_string();
+    stage(t0, "app running");
     until(T, "the container's first read", || async {
         Ok(read(&out.join("seen")))
     })
@@ -314,7 +335,10 @@ spec:
     ] {
         ensure!(has(&want), "no {want} in the container's env:\n{env}");
     }
-    ensure!(!env.contains("OPT="), "an optional missing key is unset:\n{env}");
+    ensure!(
+        !env.contains("OPT="),
+        "an optional missing key is unset:\n{env}"
+    );
     ensure!(
         env.lines().any(|l| l.starts_with("HOST_IP=")),
         "no HOST_IP:\n{env}"
@@ -324,9 +348,13 @@ spec:
     let volumes = root.join("pods").join(&uid).join("volumes");
     let mounts = host_mounts_under(&volumes);
     for m in ["kubernetes.io~secret/sec", "kubernetes.io~projected/proj"] {
-        ensure!(mounts.iter().any(|x| x.ends_with(m)), "no tmpfs for {m}: {mounts:?}");
+        ensure!(
+            mounts.iter().any(|x| x.ends_with(m)),
+            "no tmpfs for {m}: {mounts:?}"
+        );
     }
 
+    stage(t0, "app checked");
     // Updates reach the running pod; the reader never sees a mix.
     for v in 1..=3 {
         let val = format!("v{v}");
@@ -338,6 +366,7 @@ spec:
             Ok((read(&out.join("seen")).as_deref() == Some(want.as_str())).then_some(()))
         })
         .await?;
+        stage(t0, &format!("{val} seen"));
     }
     let torn = read(&out.join("torn"));
     ensure!(torn.is_none(), "torn reads: {torn:?}");
@@ -356,12 +385,14 @@ spec:
     })
     .await?;
     assert_eq!(waiting(&p).1, "configmap \"late\" not found", "{p}");
+    stage(t0, "late-env waits");
     cluster.apply(&config_map("late", &[("k", "1")])).await?;
     until(T, "late-env Running", || async {
         Ok(pod_json(&cluster, "late-env").await?.filter(running))
     })
     .await?;
 
+    stage(t0, "late-env running");
     // A missing configMap volume: FailedMount, then Running.
     cluster
         .apply(&format!(
@@ -383,6 +414,7 @@ spec:
         Ok(ev.contains(want).then_some(()))
     })
     .await?;
+    stage(t0, "late-vol FailedMount");
     let p = pod_json(&cluster, "late-vol").await?.context("late-vol")?;
     assert_eq!(waiting(&p).0, "ContainerCreating", "{p}");
     cluster.apply(&config_map("late2", &[("k", "1")])).await?;
@@ -391,15 +423,24 @@ spec:
     })
     .await?;
 
+    stage(t0, "late-vol running");
     // Deletion leaves no mount and no directory.
     cluster
-        .kubectl_ok(&["delete", "pod", "app", "late-env", "late-vol", "--wait=false"])
+        .kubectl_ok(&[
+            "delete",
+            "pod",
+            "app",
+            "late-env",
+            "late-vol",
+            "--wait=false",
+        ])
         .await?;
     let pod_dir: PathBuf = root.join("pods").join(&uid);
     until(T, "app's directory removed", || async {
         Ok((!pod_dir.exists()).then_some(()))
     })
     .await?;
+    stage(t0, "app gone");
     let left = host_mounts_under(&root.join("pods"));
     ensure!(left.is_empty(), "mounts left behind: {left:?}");
     cluster.finish().await

@@ -112,6 +112,32 @@ mod tests {
         assert_eq!(unescape("/plain"), "/plain");
     }
 
+    /// Needs root (mount(2)); skipped otherwise.
+    #[test]
+    fn busy_tmpfs_is_detached_not_waited_on() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let vols = t.path().join("volumes");
+        let a = vols.join("a");
+        let b = vols.join("b");
+        for p in [&a, &b] {
+            std::fs::create_dir_all(p).unwrap();
+            ensure_tmpfs(p, Some(1 << 20)).unwrap();
+            // Idempotent: a second call mounts nothing more.
+            ensure_tmpfs(p, Some(1 << 20)).unwrap();
+        }
+        assert_eq!(mounts_under(&vols).len(), 2);
+        // An open file keeps `a` busy.
+        let busy = std::fs::File::create(a.join("held")).unwrap();
+        let detached = unmount_all(&vols).unwrap();
+        assert_eq!(detached, vec![a.clone()]);
+        assert!(mounts_under(&vols).is_empty());
+        drop(busy);
+        std::fs::remove_dir_all(&vols).unwrap();
+    }
+
     #[test]
     fn root_is_a_mount_point() {
         assert!(is_mount_point(Path::new("/")));
