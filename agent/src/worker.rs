@@ -566,12 +566,14 @@ async fn start_container(
                         .recorder
                         .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
                     // Retried soon: the missing configMap or secret may
-                    // appear at any moment.
+                    // appear at any moment (without an API connection it
+                    // cannot: then at the sync period).
                     let w = WaitReason {
                         reason: "CreateContainerConfigError".into(),
                         message: msg,
                     };
-                    return Err(StartError::Wait(w, Some(VOLUME_RETRY)));
+                    let retry = shared.volumes.objects().map(|_| VOLUME_RETRY);
+                    return Err(StartError::Wait(w, retry));
                 }
             };
             let log_dir = pod_log_dir(&shared.config.pod_log_dir, pod).join(&spec.name);

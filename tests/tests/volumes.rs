@@ -71,7 +71,7 @@ fn block(script: &str, indent: usize) -> String {
 async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
     let t0 = Instant::now();
     let cd = Containerd::start().await?;
-    let agent = Agent::start(&cd, AgentOptions::default()).await?;
+    let mut agent = Agent::start(&cd, AgentOptions::default()).await?;
     stage(t0, "agent started");
     let root = agent.dir().join("root");
     let out = agent.dir().join("out");
@@ -161,6 +161,41 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
         .await?;
 
     stage(t0, "waits running");
+
+    // An agent killed and restarted adopts the pod without mounting its
+    // tmpfs twice, and sweeps the directory (and tmpfs) of a pod that no
+    // longer exists, as a crash mid-teardown leaves it.
+    let orphan = root.join("pods/0rphan-0000");
+    let orphan_mem = orphan.join("volumes/kubernetes.io~empty-dir/mem");
+    std::fs::create_dir_all(&orphan_mem)?;
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&orphan_mem)
+        .status()?;
+    ensure!(mounted.success(), "mount tmpfs for the orphan");
+    // Old enough not to be taken for a pod starting right now.
+    std::fs::File::open(&orphan)?
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(600))?;
+    let before = agent.pod(&name).await?.context("vols")?;
+    let id = pods::container_id(&before, "c");
+    agent.restart().await?;
+    until(T, "the orphan swept", || async {
+        Ok((!orphan.exists()).then_some(()))
+    })
+    .await?;
+    ensure!(host_mounts_under(&orphan).is_empty(), "orphan tmpfs left");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = agent
+        .wait_pod(&name, T, "Running after restart", pods::all_running)
+        .await?;
+    assert_eq!(pods::container_id(&after, "c"), id, "no restart");
+    let mems: Vec<_> = host_mounts_under(&volumes)
+        .into_iter()
+        .filter(|m| m.ends_with("/mem"))
+        .collect();
+    assert_eq!(mems.len(), 1, "{mems:?}");
+    stage(t0, "restarted; orphan swept");
+
     // Teardown: no mount and no directory of the pod is left.
     agent.remove_manifest("vols.yaml")?;
     agent.remove_manifest("waits.yaml")?;
