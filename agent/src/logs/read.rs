@@ -247,6 +247,23 @@ async fn identity(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
+/// The current file opened at `offset`, with the identity of what was
+/// opened (taken from the open file, so a rotation in between cannot
+/// mislead the follower); None when there is no file yet.
+async fn open_current(path: &Path, offset: u64) -> std::io::Result<Option<(Source, (u64, u64))>> {
+    let mut f = match tokio::fs::File::open(path).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let m = f.metadata().await?;
+    if offset > 0 {
+        f.seek(SeekFrom::Start(offset)).await?;
+    }
+    let src: Source = Box::new(BufReader::with_capacity(64 * 1024, f));
+    Ok(Some((src, (m.dev(), m.ino()))))
+}
+
 /// Read the current file from `offset`; when following, keep reading as
 /// it grows and across rotations until the container has exited.
 async fn read_current(
@@ -260,15 +277,9 @@ async fn read_current(
         path: path.to_path_buf(),
         source,
     };
-    let mut reader = match open(path, offset).await {
-        Ok(r) => Some(r),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(read_err(e)),
-    };
-    let mut ident = if reader.is_some() {
-        identity(path).await
-    } else {
-        None
+    let (mut reader, mut ident) = match open_current(path, offset).await.map_err(read_err)? {
+        Some((r, id)) => (Some(r), Some(id)),
+        None => (None, None),
     };
     // Bytes of a line whose end has not been written yet.
     let mut line = Vec::new();
@@ -306,12 +317,10 @@ async fn read_current(
                     w.line(&line);
                     line.clear();
                 }
-                reader = match open(path, 0).await {
-                    Ok(r) => Some(r),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                    Err(e) => return Err(read_err(e)),
+                (reader, ident) = match open_current(path, 0).await.map_err(read_err)? {
+                    Some((r, id)) => (Some(r), Some(id)),
+                    None => (None, None),
                 };
-                ident = now;
                 rotated = false;
             } else {
                 // Renamed away and reopened by the runtime: the old file
