@@ -86,7 +86,7 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
         echo done > /out/done\n\
         exec sleep 3600\n";
     let manifest = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: vols}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {TOOLBOX_IMAGE}\n    resources: {{limits: {{memory: 64Mi}}}}\n    command: [sh, -c]\n    args:\n    - |\n{}    volumeMounts:\n    - {{name: scratch, mountPath: /scratch}}\n    - {{name: scratch, mountPath: /sub, subPath: deep/er}}\n    - {{name: mem, mountPath: /mem}}\n    - {{name: out, mountPath: /out}}\n    - {{name: given, mountPath: /given, readOnly: true}}\n  volumes:\n  - {{name: scratch, emptyDir: {{}}}}\n  - {{name: mem, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}\n  - {{name: out, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n  - {{name: given, hostPath: {{path: {}, type: File}}}}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: vols}}\nspec:\n  terminationGracePeriodSeconds: 1\n  securityContext: {{fsGroup: 2345}}\n  containers:\n  - name: c\n    image: {TOOLBOX_IMAGE}\n    resources: {{limits: {{memory: 64Mi}}}}\n    command: [sh, -c]\n    args:\n    - |\n{}    volumeMounts:\n    - {{name: scratch, mountPath: /scratch}}\n    - {{name: scratch, mountPath: /sub, subPath: deep/er}}\n    - {{name: mem, mountPath: /mem}}\n    - {{name: out, mountPath: /out}}\n    - {{name: given, mountPath: /given, readOnly: true}}\n  volumes:\n  - {{name: scratch, emptyDir: {{}}}}\n  - {{name: mem, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}\n  - {{name: out, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n  - {{name: given, hostPath: {{path: {}, type: File}}}}\n",
         block(script, 6),
         out.display(),
         given.display()
@@ -122,6 +122,13 @@ async fn empty_dir_host_path_sub_path_and_teardown() -> Result<()> {
     let scratch = volumes.join("kubernetes.io~empty-dir/scratch");
     assert_eq!(read(&scratch.join("x")).as_deref(), Some("hi\n"));
     assert_eq!(read(&scratch.join("deep/er/y")).as_deref(), Some("sub\n"));
+    // fsGroup owns the emptyDir (setgid: the container's files too).
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&scratch)?;
+        assert_eq!((m.gid(), m.mode() & 0o7777), (2345, 0o2777));
+        assert_eq!(std::fs::metadata(scratch.join("x"))?.gid(), 2345);
+    }
     // hostPath File, mounted read-only.
     assert_eq!(read(&out.join("given")).as_deref(), Some("given"));
     assert_eq!(read(&out.join("ro")).as_deref(), Some("readonly\n"));

@@ -78,10 +78,13 @@ pub fn is_populated(dir: &Path) -> bool {
 /// one that reads through the target of `dir/..data` sees one version of
 /// every file. Idempotent: an unchanged payload writes nothing.
 ///
+/// `gid`: the pod's fsGroup, given as the files' group (their modes carry
+/// the group bits already).
+///
 /// # Errors
 /// Invalid payload paths; filesystem failures (the old version then stays
 /// in place).
-pub fn write(dir: &Path, payload: &Payload) -> Result<bool> {
+pub fn write(dir: &Path, payload: &Payload, gid: Option<u32>) -> Result<bool> {
     for p in payload.keys() {
         validate_path(p)?;
     }
@@ -96,7 +99,7 @@ pub fn write(dir: &Path, payload: &Payload) -> Result<bool> {
 
     let ts_dir = new_version_dir(dir)?;
     let ts_name = ts_dir.file_name().map(PathBuf::from).unwrap_or_default();
-    if let Err(e) = write_files(&ts_dir, payload) {
+    if let Err(e) = write_files(&ts_dir, payload, gid) {
         let _ = fs::remove_dir_all(&ts_dir);
         return Err(e);
     }
@@ -154,13 +157,16 @@ fn new_version_dir(dir: &Path) -> Result<PathBuf> {
     }
 }
 
-fn write_files(root: &Path, payload: &Payload) -> Result<()> {
+fn write_files(root: &Path, payload: &Payload, gid: Option<u32>) -> Result<()> {
     for (rel, f) in payload {
         let path = root.join(rel);
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
         }
         fs::write(&path, &f.data).map_err(io_err("writing", &path))?;
+        if gid.is_some() {
+            std::os::unix::fs::chown(&path, None, gid).map_err(io_err("chown", &path))?;
+        }
         // Explicitly: the umask must not narrow the requested mode.
         fs::set_permissions(&path, fs::Permissions::from_mode(f.mode))
             .map_err(io_err("chmod", &path))?;
@@ -236,7 +242,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("v");
         let p = payload(&[("a", "1", 0o644), ("sub/b", "2", 0o400)]);
-        assert!(write(&dir, &p).unwrap());
+        assert!(write(&dir, &p, None).unwrap());
         assert_eq!(fs::read_to_string(dir.join("a")).unwrap(), "1");
         assert_eq!(fs::read_to_string(dir.join("sub/b")).unwrap(), "2");
         assert_eq!(fs::read_link(dir.join("a")).unwrap(), Path::new("..data/a"));
@@ -248,14 +254,14 @@ mod tests {
         assert_eq!(mode, 0o400);
         // Same payload: nothing changes.
         let before = fs::read_link(dir.join(DATA_DIR)).unwrap();
-        assert!(!write(&dir, &p).unwrap());
+        assert!(!write(&dir, &p, None).unwrap());
         assert_eq!(fs::read_link(dir.join(DATA_DIR)).unwrap(), before);
         // A mode change alone is a change.
         let p2 = payload(&[("a", "1", 0o600), ("sub/b", "2", 0o400)]);
-        assert!(write(&dir, &p2).unwrap());
+        assert!(write(&dir, &p2, None).unwrap());
         // A removed key loses its visible link; old versions are removed.
         let p3 = payload(&[("c", "3", 0o644)]);
-        assert!(write(&dir, &p3).unwrap());
+        assert!(write(&dir, &p3, None).unwrap());
         assert!(fs::symlink_metadata(dir.join("a")).is_err());
         assert!(fs::symlink_metadata(dir.join("sub")).is_err());
         let hidden: Vec<_> = fs::read_dir(&dir)
@@ -268,11 +274,23 @@ mod tests {
     }
 
     #[test]
+    fn files_get_the_fs_group() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), &payload(&[("a", "1", 0o440)]), Some(2345)).unwrap();
+        let m = fs::metadata(t.path().join("a")).unwrap();
+        assert_eq!((m.gid(), m.mode() & 0o777), (2345, 0o440));
+    }
+
+    #[test]
     fn rejects_escaping_paths() {
         let t = tempfile::tempdir().unwrap();
         for bad in ["../x", "/etc/x", "a/../../x", "", "..data/x"] {
             assert!(
-                write(t.path(), &payload(&[(bad, "1", 0o644)])).is_err(),
+                write(t.path(), &payload(&[(bad, "1", 0o644)]), None).is_err(),
                 "{bad}"
             );
         }
@@ -286,7 +304,7 @@ mod tests {
             let v = format!("v{n}");
             payload(&[("one", &v, 0o644), ("two", &v, 0o644)])
         };
-        write(&dir, &version(0)).unwrap();
+        write(&dir, &version(0), None).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let reader = {
             let (dir, stop) = (dir.clone(), stop.clone());
@@ -319,7 +337,7 @@ mod tests {
             })
         };
         for n in 1..300 {
-            write(&dir, &version(n)).unwrap();
+            write(&dir, &version(n), None).unwrap();
         }
         stop.store(true, Ordering::Relaxed);
         let (reads, torn) = reader.join().unwrap();

@@ -107,9 +107,18 @@ pub struct Teardown {
 
 /// One volume's set-up, decided (with API reads) before the blocking work.
 enum Work {
-    EmptyDir { tmpfs: Option<Option<u64>> },
-    HostPath { type_: String },
-    Files { tmpfs: bool, payload: Payload },
+    EmptyDir {
+        tmpfs: Option<Option<u64>>,
+        gid: Option<u32>,
+    },
+    HostPath {
+        type_: String,
+    },
+    Files {
+        tmpfs: bool,
+        payload: Payload,
+        gid: Option<u32>,
+    },
     Fail(String),
 }
 
@@ -242,6 +251,7 @@ impl VolumeManager {
 
     /// Decide a volume's set-up, reading the API objects it projects.
     async fn plan(&self, pod: &Pod, v: &Volume) -> Work {
+        let gid = fs_group(pod);
         if let Some(e) = &v.empty_dir {
             let memory = e.medium.as_deref() == Some("Memory");
             let size = e
@@ -253,6 +263,7 @@ impl VolumeManager {
                 .or_else(|| pod_memory_limit(pod));
             return Work::EmptyDir {
                 tmpfs: memory.then_some(size),
+                gid,
             };
         }
         if let Some(h) = &v.host_path {
@@ -298,7 +309,20 @@ impl VolumeManager {
             Err("volume type is not supported".into())
         };
         match result {
-            Ok((tmpfs, payload)) => Work::Files { tmpfs, payload },
+            Ok((tmpfs, mut payload)) => {
+                if gid.is_some() {
+                    // The group may read every file, as upstream's
+                    // SetVolumeOwnership makes read-only volumes.
+                    for f in payload.values_mut() {
+                        f.mode |= 0o440;
+                    }
+                }
+                Work::Files {
+                    tmpfs,
+                    payload,
+                    gid,
+                }
+            }
             Err(m) => Work::Fail(m),
         }
     }
@@ -457,26 +481,50 @@ fn execute(path: &Path, work: Work) -> Result<(), String> {
     match work {
         Work::Fail(m) => Err(m),
         Work::HostPath { type_ } => hostpath::check(path, &type_),
-        Work::EmptyDir { tmpfs } => {
+        Work::EmptyDir { tmpfs, gid } => {
+            // Ownership and mode are set once: a container may change them.
+            let fresh = !path.is_dir() || (tmpfs.is_some() && !mounts::is_mount_point(path));
             // World-writable as upstream: the containers may run as anyone.
             mkdir(0o777)?;
             if let Some(size) = tmpfs {
                 mounts::ensure_tmpfs(path, size)?;
-                fs::set_permissions(path, fs::Permissions::from_mode(0o777))
-                    .map_err(|e| format!("chmod {}: {e}", path.display()))?;
             }
-            Ok(())
+            if !fresh {
+                return Ok(());
+            }
+            let mut mode = 0o777;
+            if gid.is_some() {
+                // fsGroup: the group owns it, and new files inherit it.
+                std::os::unix::fs::chown(path, None, gid)
+                    .map_err(|e| format!("chown {}: {e}", path.display()))?;
+                mode |= 0o2000;
+            }
+            fs::set_permissions(path, fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("chmod {}: {e}", path.display()))
         }
-        Work::Files { tmpfs, payload } => {
+        Work::Files {
+            tmpfs,
+            payload,
+            gid,
+        } => {
             mkdir(0o755)?;
             if tmpfs {
                 mounts::ensure_tmpfs(path, None)?;
             }
-            atomic::write(path, &payload)
+            atomic::write(path, &payload, gid)
                 .map(drop)
                 .map_err(|e| e.to_string())
         }
     }
+}
+
+/// The pod's fsGroup: the group its volumes' files belong to.
+fn fs_group(pod: &Pod) -> Option<u32> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|c| c.fs_group)
+        .and_then(|g| u32::try_from(g).ok())
 }
 
 fn volumes(pod: &Pod) -> &[Volume] {
