@@ -61,7 +61,9 @@ fn log_files(dir: &Path) -> Vec<PathBuf> {
         .filter(|n| n.starts_with("0.log"))
         .collect();
     let all = names.clone();
-    names.retain(|n| !n.ends_with(".tmp") && !(n != "0.log" && all.contains(&format!("{n}.gz"))));
+    // An uncompressed file whose .gz exists is being compressed away.
+    let compressed = |n: &String| n != "0.log" && all.contains(&format!("{n}.gz"));
+    names.retain(|n| !n.ends_with(".tmp") && !compressed(n));
     names.sort_by_key(|n| (n == "0.log", n.clone()));
     names.into_iter().map(|n| dir.join(n)).collect()
 }
