@@ -452,6 +452,11 @@ async fn act(
     for id in &plan.remove_containers {
         if let Err(e) = runtime.remove_container(id).await {
             tracing::warn!(pod = %pod.key(), container = %id, "cannot remove dead container: {e}");
+            continue;
+        }
+        // Its logs go with it (the kubelet's log manager Clean).
+        if let Some(c) = rt.containers.iter().find(|c| &c.id == id) {
+            crate::logs::remove_logs(std::path::Path::new(&c.log_path)).await;
         }
     }
     Ok(requeue)

@@ -58,6 +58,27 @@ pub fn dir_names(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Remove the log at `current` with its rotated files, once its container
+/// is removed (the kubelet's `ContainerLogManager.Clean`).
+pub async fn remove_logs(current: &Path) {
+    if current.as_os_str().is_empty() {
+        return;
+    }
+    let current = current.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || {
+        let dir = current.parent().unwrap_or(Path::new("."));
+        let (rotated, leftovers) = classify_rotated(&current, &dir_names(dir));
+        for f in rotated.iter().chain(&leftovers).chain([&current]) {
+            if let Err(e) = std::fs::remove_file(f) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %f.display(), "cannot remove container log: {e}");
+                }
+            }
+        }
+    })
+    .await;
+}
+
 /// Every file of the log at `current`, oldest first, ending with `current`.
 pub fn all_files(current: &Path) -> Vec<PathBuf> {
     let dir = current.parent().unwrap_or(Path::new("."));
@@ -69,6 +90,21 @@ pub fn all_files(current: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn removing_a_log_takes_its_rotated_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [
+            "0.log",
+            "0.log.20261130-060000.gz",
+            "0.log.20261130-060001",
+            "1.log",
+        ] {
+            std::fs::write(dir.path().join(f), "x").unwrap();
+        }
+        remove_logs(&dir.path().join("0.log")).await;
+        assert_eq!(dir_names(dir.path()), ["1.log"]);
+    }
 
     #[test]
     fn rotated_files_in_order_and_leftovers() {
