@@ -72,7 +72,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         endpoint: config.container_runtime_endpoint.clone(),
         source,
     })?
-    .with_pull_timeout(config.image_pull_timeout);
+    .with_pull_timeout(config.image_pull_timeout)
+    .with_observer(cri_proto::Observer::new(|method, took, failed| {
+        crate::metrics::metrics().cri_call(method, took, failed)
+    }));
     let runtime = Arc::new(Runtime::new(cri));
     // A bad kubeconfig is a start-up error; an unreachable API is not (the
     // joined loops retry, and static pods run meanwhile).
@@ -160,6 +163,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         wake_tx,
     );
     let pleg_task = tokio::spawn(pleg.run());
+    if let Some(max_size) = config.container_log_max_size {
+        let policy = crate::logs::rotate::Policy {
+            max_size,
+            max_files: config.container_log_max_files,
+        };
+        let logs = crate::logs::rotate::LogManager::new(
+            runtime_for_node.cri.clone(),
+            policy,
+            config.container_log_monitor_interval,
+        );
+        tokio::spawn(logs.run(stopped()));
+    }
     let mut node_task = None;
     if let Some(c) = &client {
         let probe = Arc::new(CriProbe::new(runtime_for_node, Some(health.clone())));
