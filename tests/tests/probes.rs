@@ -567,6 +567,20 @@ async fn failed_post_start_kills_and_restarts() -> Result<()> {
         &["postStart hook failed", "HTTP lifecycle hook (/hook)"],
     )
     .await?;
+
+    // A failing preStop hook is reported, and the stop goes on.
+    agent.write_manifest(
+        "badstop.json",
+        &manifest(
+            "badstop",
+            json!({"command": sh("exec sleep 3600"),
+                   "lifecycle": {"preStop": {"exec": {"command": sh("exit 1")}}}}),
+        ),
+    )?;
+    wait(&agent, "badstop", "running", |p| pods::running(p, "c")).await?;
+    agent.remove_manifest("badstop.json")?;
+    wait_log(&agent, &["FailedPreStopHook", "PreStopHook failed"]).await?;
+    agent.wait_pod_gone(&agent.pod_name("badstop"), T).await?;
     drop(agent);
     cd.cleanup().await
 }

@@ -17,7 +17,9 @@
 //!
 //! Ends with one JSON line.
 //!
-//! Run: `cargo run --release -p skiff-tests --bin bench-probes -- [--pods 100] [--seconds 60]`
+//! Run: `cargo run --release -p skiff-tests --bin bench-probes -- [--pods 100] [--seconds 60]
+//! [--probes both|http|exec|none]` (`--probes http` gives the agent's cost of the
+//! http probes alone).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,12 +38,18 @@ const PERIOD: Duration = Duration::from_secs(1);
 struct Args {
     pods: usize,
     seconds: u64,
+    /// Which probes the pods carry: both (the benchmark), or only one
+    /// kind, to see what each costs the agent.
+    http: bool,
+    exec: bool,
 }
 
 fn args() -> Result<Args> {
     let mut a = Args {
         pods: 100,
         seconds: 60,
+        http: true,
+        exec: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -52,7 +60,18 @@ fn args() -> Result<Args> {
         match name.as_str() {
             "--pods" => a.pods = value.parse().context("--pods")?,
             "--seconds" => a.seconds = value.parse().context("--seconds")?,
-            _ => bail!("unknown flag {flag}; usage: bench-probes [--pods N] [--seconds S]"),
+            "--probes" => {
+                (a.http, a.exec) = match value.as_str() {
+                    "both" => (true, true),
+                    "http" => (true, false),
+                    "exec" => (false, true),
+                    "none" => (false, false),
+                    other => bail!("--probes {other}: want both, http, exec or none"),
+                }
+            }
+            _ => bail!(
+                "unknown flag {flag}; usage: bench-probes [--pods N] [--seconds S] [--probes both|http|exec|none]"
+            ),
         }
     }
     Ok(a)
@@ -69,7 +88,8 @@ async fn main() -> Result<()> {
 
     let t = Instant::now();
     for i in 0..a.pods {
-        agent.write_manifest(&format!("probe-{i}.yaml"), &manifest(&format!("probe-{i}")))?;
+        let m = manifest(&format!("probe-{i}"), a.http, a.exec);
+        agent.write_manifest(&format!("probe-{i}.yaml"), &m)?;
     }
     let targets = wait_ready(&agent, a.pods).await?;
     println!(
@@ -107,7 +127,7 @@ async fn main() -> Result<()> {
     agent.kill();
     let self0 = cpu_ticks(std::process::id())?;
     let r0 = Instant::now();
-    let (raw_exec, raw_http) = raw_probes(&cri, &targets, window).await;
+    let (raw_exec, raw_http) = raw_probes(&cri, &targets, window, a.http, a.exec).await;
     let self_cpu =
         (cpu_ticks(std::process::id())? - self0) / CLK_TCK / r0.elapsed().as_secs_f64() * 100.0;
 
@@ -118,10 +138,13 @@ async fn main() -> Result<()> {
     let (rh50, rh99) = (ms(pct(&raw_http, 50.0)), ms(pct(&raw_http, 99.0)));
     let exec_ratio = ae50 / re50;
     let http_ratio = ah50 / rh50;
-    println!(
-        "{} pods, httpGet readiness + exec liveness at 1 s, {} s window:",
-        a.pods, a.seconds
-    );
+    let kinds = match (a.http, a.exec) {
+        (true, true) => "httpGet readiness + exec liveness",
+        (true, false) => "httpGet readiness only",
+        (false, true) => "exec liveness only",
+        _ => "no probes",
+    };
+    println!("{} pods, {kinds} at 1 s, {} s window:", a.pods, a.seconds);
     println!(
         "  agent CPU {agent_cpu:.1} % of one core   RSS {:.1} MiB   (aim: CPU <= 5 %)",
         rss_kib as f64 / 1024.0
@@ -151,6 +174,7 @@ async fn main() -> Result<()> {
         "bench": "probes",
         "pods": a.pods,
         "seconds": a.seconds,
+        "probes": kinds,
         "agent_cpu_pct": agent_cpu,
         "agent_rss_mib": rss_kib as f64 / 1024.0,
         "agent_exec_probes_per_s": exec_h.count / elapsed.as_secs_f64(),
@@ -170,10 +194,17 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-fn manifest(name: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {TOOLBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, 'mkdir -p /www && echo ok > /www/healthz && exec httpd -f -p 8080 -h /www']\n    readinessProbe: {{httpGet: {{path: /healthz, port: 8080}}, periodSeconds: 1}}\n    livenessProbe: {{exec: {{command: [cat, /www/healthz]}}, periodSeconds: 1}}\n"
-    )
+fn manifest(name: &str, http: bool, exec: bool) -> String {
+    let mut m = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {TOOLBOX_IMAGE}\n    imagePullPolicy: Never\n    command: [sh, -c, 'mkdir -p /www && echo ok > /www/healthz && exec httpd -f -p 8080 -h /www']\n"
+    );
+    if http {
+        m += "    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}\n";
+    }
+    if exec {
+        m += "    livenessProbe: {exec: {command: [cat, /www/healthz]}, periodSeconds: 1}\n";
+    }
+    m
 }
 
 /// (container id, pod IP) of each pod once all are Ready.
@@ -215,6 +246,8 @@ async fn raw_probes(
     cri: &CriClient,
     targets: &[(String, String)],
     window: Duration,
+    with_http: bool,
+    with_exec: bool,
 ) -> (Vec<Duration>, Vec<Duration>) {
     let exec = Arc::new(Mutex::new(Vec::new()));
     let http = Arc::new(Mutex::new(Vec::new()));
@@ -227,7 +260,7 @@ async fn raw_probes(
     let mut tasks = Vec::new();
     for (id, ip) in targets {
         let (cri, id, out) = (cri.clone(), id.clone(), exec.clone());
-        tasks.push(tokio::spawn(every_period(end, move || {
+        tasks.push(tokio::spawn(every_period(end, with_exec, move || {
             let (cri, id, out) = (cri.clone(), id.clone(), out.clone());
             async move {
                 let t = Instant::now();
@@ -248,7 +281,7 @@ async fn raw_probes(
             format!("http://{ip}:8080/healthz"),
             http.clone(),
         );
-        tasks.push(tokio::spawn(every_period(end, move || {
+        tasks.push(tokio::spawn(every_period(end, with_http, move || {
             let (client, url, out) = (client.clone(), url.clone(), out.clone());
             async move {
                 let t = Instant::now();
@@ -270,12 +303,15 @@ async fn raw_probes(
 }
 
 /// Run `f` once per period, starting at a random point of the first one,
-/// until `end`.
-async fn every_period<F, Fut>(end: Instant, f: F)
+/// until `end` (not at all unless `enabled`).
+async fn every_period<F, Fut>(end: Instant, enabled: bool, f: F)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    if !enabled {
+        return;
+    }
     let offset = PERIOD.mul_f64(rand::random::<f64>());
     let mut tick = tokio::time::interval_at((Instant::now() + offset).into(), PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
