@@ -230,6 +230,31 @@ impl Pki {
         self.issue(params, "issuing a client certificate")
     }
 
+    /// The API server's client certificate towards node servers (upstream's
+    /// `apiserver-kubelet-client`: CN kube-apiserver-kubelet-client, O
+    /// system:masters, so that every agent lets it through without asking),
+    /// re-issued and written at every start.
+    ///
+    /// # Errors
+    /// Signing or writing fails.
+    pub fn kubelet_client_cert(&self) -> Result<CertKey> {
+        let ck = self.client_cert(
+            "kube-apiserver-kubelet-client",
+            &["system:masters".to_string()],
+        )?;
+        write_file(
+            &self.dir.join("apiserver-kubelet-client.crt"),
+            &ck.cert_pem,
+            false,
+        )?;
+        write_file(
+            &self.dir.join("apiserver-kubelet-client.key"),
+            &ck.key_pem,
+            true,
+        )?;
+        Ok(ck)
+    }
+
     /// A kubeconfig for `user` (client certificate) against `server`.
     ///
     /// # Errors

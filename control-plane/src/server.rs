@@ -174,6 +174,8 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         metrics,
         shutdown_rx.clone(),
     );
+    api.set_kubelet_client(&pki.kubelet_client_cert()?)
+        .map_err(Error::Tls)?;
     api.start_background().await?;
 
     tracing::info!(

@@ -129,10 +129,7 @@ impl Agent {
             format!("--node-name={node_name}"),
             "--address=127.0.0.1".into(),
             format!("--port={port}"),
-            format!(
-                "--client-ca-file={}",
-                dir.join("ca/pki/ca.crt").display()
-            ),
+            format!("--client-ca-file={}", dir.join("ca/pki/ca.crt").display()),
             "--runtime-request-timeout=30s".into(),
         ];
         args.extend(opts.extra_args);
@@ -225,7 +222,7 @@ impl Agent {
     pub async fn node_client(&self, user: &str, groups: &[&str]) -> Result<kube::Client> {
         let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
         let text = self.ca.kubeconfig(&self.node_server_url(), user, &groups)?;
-        insecure_client(&text).await
+        insecure_client(&text, None).await
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -356,16 +353,20 @@ impl Drop for Agent {
     }
 }
 
-/// A kube client from kubeconfig `text` that does not verify the server's
-/// certificate (node servers are self-signed).
+/// A kube client from kubeconfig `text` (pointed at `server` when given)
+/// that does not verify the server's certificate (node servers are
+/// self-signed).
 ///
 /// # Errors
 /// The kubeconfig is invalid.
-pub async fn insecure_client(text: &str) -> Result<kube::Client> {
+pub async fn insecure_client(text: &str, server: Option<&str>) -> Result<kube::Client> {
     let mut kc = kube::config::Kubeconfig::from_yaml(text)?;
     for c in kc.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
         c.certificate_authority_data = None;
         c.insecure_skip_tls_verify = Some(true);
+        if let Some(s) = server {
+            c.server = Some(s.to_string());
+        }
     }
     let opts = kube::config::KubeConfigOptions::default();
     let cfg = kube::Config::from_custom_kubeconfig(kc, &opts).await?;

@@ -416,8 +416,23 @@ impl Cluster {
     /// # Errors
     /// As [`kubectl`](Self::kubectl).
     pub async fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Result<Output> {
+        self.kubectl_with(&kubectl_binary(), args, stdin).await
+    }
+
+    /// [`kubectl_stdin`](Self::kubectl_stdin) with another kubectl binary
+    /// (e.g. `/usr/lib/google-cloud-sdk/bin/kubectl.1.27`), for
+    /// behaviour that differs between kubectl versions.
+    ///
+    /// # Errors
+    /// As [`kubectl`](Self::kubectl).
+    pub async fn kubectl_with(
+        &self,
+        binary: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<Output> {
         use tokio::io::AsyncWriteExt as _;
-        let mut cmd = tokio::process::Command::new(kubectl_binary());
+        let mut cmd = tokio::process::Command::new(binary);
         cmd.env("KUBECONFIG", self.admin_kubeconfig())
             .env("HOME", &self.dir)
             .arg(format!(
@@ -436,6 +451,7 @@ impl Cluster {
         let mut child = cmd.spawn().context("running kubectl")?;
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             pipe.write_all(input.as_bytes()).await?;
+            // Dropped here: the child sees end of input.
         }
         match tokio::time::timeout(KUBECTL_TIMEOUT, child.wait_with_output()).await {
             Ok(out) => Ok(out?),

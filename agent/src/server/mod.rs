@@ -10,5 +10,6 @@ pub mod secure;
 pub mod stats;
 pub mod stream;
 pub mod tls;
+pub mod wstunnel;
 
 pub use readonly::{router, serve, ServerState};

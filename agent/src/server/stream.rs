@@ -1,10 +1,428 @@
-//! `/exec`, `/attach` and `/portForward`: the CRI streaming calls, with the
-//! caller's HTTP upgrade passed through to the runtime's streaming server.
+//! `/exec`, `/attach` and `/portForward`: the CRI streaming calls (Exec,
+//! Attach, PortForward return the URL of the runtime's streaming server),
+//! with the caller's HTTP upgrade (SPDY/3.1, or WebSocket) passed through to
+//! that URL byte for byte, as the kubelet does when it does not redirect.
+//! The stream protocol itself is spoken between the caller and the runtime;
+//! the exit code travels in it.
 
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use axum::Router;
+use cri_proto::v1;
+use http_body_util::Empty;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
 
 use super::readonly::ServerState;
+use crate::runtime::state::State as CState;
 
 pub fn routes(state: ServerState) -> Router {
-    Router::new().with_state(state)
+    Router::new()
+        .route("/exec/{ns}/{pod}/{container}", get(exec).post(exec))
+        .route(
+            "/exec/{ns}/{pod}/{uid}/{container}",
+            get(exec_uid).post(exec_uid),
+        )
+        .route("/attach/{ns}/{pod}/{container}", get(attach).post(attach))
+        .route(
+            "/attach/{ns}/{pod}/{uid}/{container}",
+            get(attach_uid).post(attach_uid),
+        )
+        .route(
+            "/portForward/{ns}/{pod}",
+            get(port_forward).post(port_forward),
+        )
+        .route(
+            "/portForward/{ns}/{pod}/{uid}",
+            get(port_forward_uid).post(port_forward_uid),
+        )
+        .with_state(state)
+}
+
+/// An error answer with a plain message, as the kubelet writes them
+/// (kubectl prints the body after "unable to upgrade connection:").
+fn fail(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, msg.into()).into_response()
+}
+
+/// What to stream, from the query (`input`/`output`/`error`, as the API
+/// server sends them to kubelets, or `stdin`/`stdout`/`stderr`; `1` or
+/// `true`).
+#[derive(Debug, Default, PartialEq)]
+struct Params {
+    command: Vec<String>,
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+    tty: bool,
+}
+
+impl Params {
+    fn parse(q: &[(String, String)]) -> Params {
+        let on = |v: &str| v == "1" || v.eq_ignore_ascii_case("true");
+        let mut p = Params::default();
+        for (k, v) in q {
+            match k.as_str() {
+                "command" => p.command.push(v.clone()),
+                "input" | "stdin" => p.stdin = on(v),
+                "output" | "stdout" => p.stdout = on(v),
+                "error" | "stderr" => p.stderr = on(v),
+                "tty" => p.tty = on(v),
+                _ => {}
+            }
+        }
+        // A terminal merges stderr into stdout (upstream drops stderr too).
+        if p.tty {
+            p.stderr = false;
+        }
+        p
+    }
+
+    fn check(&self) -> Result<(), Response> {
+        if !(self.stdin || self.stdout || self.stderr) {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                "you must specify at least 1 of stdin, stdout, stderr",
+            ));
+        }
+        Ok(())
+    }
+}
+
+type Q = Query<Vec<(String, String)>>;
+
+async fn exec(
+    State(s): State<ServerState>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    Query(q): Q,
+    req: Request,
+) -> Response {
+    exec_in(s, ns, pod, None, container, q, req).await
+}
+
+async fn exec_uid(
+    State(s): State<ServerState>,
+    Path((ns, pod, uid, container)): Path<(String, String, String, String)>,
+    Query(q): Q,
+    req: Request,
+) -> Response {
+    exec_in(s, ns, pod, Some(uid), container, q, req).await
+}
+
+async fn exec_in(
+    s: ServerState,
+    ns: String,
+    pod: String,
+    uid: Option<String>,
+    container: String,
+    q: Vec<(String, String)>,
+    req: Request,
+) -> Response {
+    let p = Params::parse(&q);
+    if let Err(r) = p.check() {
+        return r;
+    }
+    if p.command.is_empty() {
+        return fail(StatusCode::BAD_REQUEST, "you must specify a command");
+    }
+    let id = match container_id(&s, &ns, &pod, uid.as_deref(), &container).await {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, command = ?p.command, tty = p.tty, stdin = p.stdin, "exec");
+    let call = s.shared.runtime.cri.exec(v1::ExecRequest {
+        container_id: id,
+        cmd: p.command,
+        tty: p.tty,
+        stdin: p.stdin,
+        stdout: p.stdout,
+        stderr: p.stderr,
+    });
+    match call.await {
+        Ok(r) => pass_through(&r.url, req).await,
+        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn attach(
+    State(s): State<ServerState>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    Query(q): Q,
+    req: Request,
+) -> Response {
+    attach_to(s, ns, pod, None, container, q, req).await
+}
+
+async fn attach_uid(
+    State(s): State<ServerState>,
+    Path((ns, pod, uid, container)): Path<(String, String, String, String)>,
+    Query(q): Q,
+    req: Request,
+) -> Response {
+    attach_to(s, ns, pod, Some(uid), container, q, req).await
+}
+
+async fn attach_to(
+    s: ServerState,
+    ns: String,
+    pod: String,
+    uid: Option<String>,
+    container: String,
+    q: Vec<(String, String)>,
+    req: Request,
+) -> Response {
+    let p = Params::parse(&q);
+    if let Err(r) = p.check() {
+        return r;
+    }
+    let id = match container_id(&s, &ns, &pod, uid.as_deref(), &container).await {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, tty = p.tty, stdin = p.stdin, "attach");
+    let call = s.shared.runtime.cri.attach(v1::AttachRequest {
+        container_id: id,
+        stdin: p.stdin,
+        tty: p.tty,
+        stdout: p.stdout,
+        stderr: p.stderr,
+    });
+    match call.await {
+        Ok(r) => pass_through(&r.url, req).await,
+        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn port_forward(
+    State(s): State<ServerState>,
+    Path((ns, pod)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    forward_to(s, ns, pod, None, req).await
+}
+
+async fn port_forward_uid(
+    State(s): State<ServerState>,
+    Path((ns, pod, uid)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    forward_to(s, ns, pod, Some(uid), req).await
+}
+
+async fn forward_to(
+    s: ServerState,
+    ns: String,
+    pod: String,
+    uid: Option<String>,
+    req: Request,
+) -> Response {
+    let p = match find_pod(&s, &ns, &pod, uid.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let uid = p.metadata.uid.clone().unwrap_or_default();
+    let rt = match s.shared.runtime.observe_pod(&uid).await {
+        Ok(rt) => rt,
+        Err(e) => return fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let Some(sandbox) = rt.current_sandbox().filter(|s| s.ready) else {
+        return fail(
+            StatusCode::NOT_FOUND,
+            format!("pod {ns}/{pod} has no running sandbox"),
+        );
+    };
+    tracing::info!(pod = %format!("{ns}/{pod}"), "port-forward");
+    // Ports travel in the stream's headers (protocol v2 and later); the
+    // runtime takes none here.
+    let call = s.shared.runtime.cri.port_forward(v1::PortForwardRequest {
+        pod_sandbox_id: sandbox.id.clone(),
+        port: Vec::new(),
+    });
+    match call.await {
+        Ok(r) if super::wstunnel::wanted(req.headers()) => {
+            super::wstunnel::serve(&r.url, req).await
+        }
+        Ok(r) => pass_through(&r.url, req).await,
+        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+fn find_pod(s: &ServerState, ns: &str, name: &str, uid: Option<&str>) -> Result<Pod, Response> {
+    s.shared
+        .statuses
+        .list()
+        .into_iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns)
+                && p.metadata.name.as_deref() == Some(name)
+                && uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
+        })
+        .ok_or_else(|| fail(StatusCode::NOT_FOUND, "pod does not exist"))
+}
+
+/// The id of the named container, running in the pod's current sandbox.
+async fn container_id(
+    s: &ServerState,
+    ns: &str,
+    pod: &str,
+    uid: Option<&str>,
+    container: &str,
+) -> Result<String, Response> {
+    let p = find_pod(s, ns, pod, uid)?;
+    let uid = p.metadata.uid.clone().unwrap_or_default();
+    let rt = s
+        .shared
+        .runtime
+        .observe_pod(&uid)
+        .await
+        .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let sandbox = rt
+        .current_sandbox()
+        .map(|s| s.id.clone())
+        .unwrap_or_default();
+    rt.latest_in(container, &sandbox)
+        .filter(|c| c.state == CState::Running)
+        .map(|c| c.id.clone())
+        .ok_or_else(|| {
+            fail(
+                StatusCode::NOT_FOUND,
+                format!("container not found ({container:?})"),
+            )
+        })
+}
+
+/// Headers not forwarded to the runtime: this hop's credentials and host.
+fn forwarded(name: &header::HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "host" | "authorization" | "proxy-authorization" | "cookie"
+    )
+}
+
+/// Send `req`'s method and headers to the runtime's streaming `url`; on
+/// 101, answer 101 with the runtime's headers and splice the two upgraded
+/// connections together; otherwise pass the runtime's answer on.
+pub async fn pass_through(url: &str, mut req: Request) -> Response {
+    let target: http::Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            return fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("runtime streaming URL {url:?}: {e}"),
+            )
+        }
+    };
+    let Some(authority) = target.authority().cloned() else {
+        return fail(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("runtime streaming URL {url:?} has no host"),
+        );
+    };
+    let tcp = match tokio::net::TcpStream::connect(authority.as_str()).await {
+        Ok(t) => t,
+        Err(e) => {
+            return fail(
+                StatusCode::BAD_GATEWAY,
+                format!("connecting to the runtime's streaming server {authority}: {e}"),
+            )
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await {
+        Ok(x) => x,
+        Err(e) => return fail(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "runtime streaming connection ended");
+        }
+    });
+    let path = target.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut out = http::Request::builder()
+        .method(req.method().clone())
+        .uri(path)
+        .header(header::HOST, authority.as_str());
+    for (k, v) in req.headers() {
+        if forwarded(k) {
+            out = out.header(k, v);
+        }
+    }
+    let out = match out.body(Empty::<bytes::Bytes>::new()) {
+        Ok(o) => o,
+        Err(e) => return fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let client_upgrade = hyper::upgrade::on(&mut req);
+    let resp = match sender.send_request(out).await {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                StatusCode::BAD_GATEWAY,
+                format!("runtime streaming server: {e}"),
+            )
+        }
+    };
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return resp.map(Body::new);
+    }
+    let mut back = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+    for (k, v) in resp.headers() {
+        back = back.header(k, v);
+    }
+    let runtime_upgrade = hyper::upgrade::on(resp);
+    tokio::spawn(async move {
+        let (client, runtime) = tokio::join!(client_upgrade, runtime_upgrade);
+        match (client, runtime) {
+            (Ok(c), Ok(r)) => {
+                let (mut c, mut r) = (TokioIo::new(c), TokioIo::new(r));
+                let _ = tokio::io::copy_bidirectional(&mut c, &mut r).await;
+            }
+            (c, r) => {
+                tracing::debug!(client = ?c.err(), runtime = ?r.err(), "stream upgrade failed")
+            }
+        }
+    });
+    back.body(Body::empty())
+        .unwrap_or_else(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+/// The values of a possibly repeated, comma-separated header.
+pub fn header_values(h: &HeaderMap, name: &str) -> Vec<String> {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v: &HeaderValue| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn params_accept_both_spellings() {
+        let p = Params::parse(&q(&[
+            ("command", "sh"),
+            ("command", "-c"),
+            ("input", "1"),
+            ("stdout", "true"),
+            ("error", "1"),
+        ]));
+        assert_eq!(p.command, ["sh", "-c"]);
+        assert!(p.stdin && p.stdout && p.stderr && !p.tty);
+        let t = Params::parse(&q(&[("tty", "true"), ("stderr", "true")]));
+        assert!(t.tty && !t.stderr);
+        assert!(Params::parse(&q(&[("command", "x")])).check().is_err());
+    }
 }

@@ -4,7 +4,8 @@
 //! - [`request`]: URL -> what is asked (discovery, resource, non-resource)
 //! - [`resources`]: the table of served kinds
 //! - [`handlers`]: get/list/create/update/patch/delete over the store
-//! - [`subresources`]: status, scale, binding, eviction, finalize, streaming stubs
+//! - [`subresources`]: status, scale, binding, eviction, finalize
+//! - [`nodeproxy`]: pods/log, exec, attach, portforward proxied to the node
 //! - [`watch`]: watch streams with bookmarks and 410 Gone
 //! - [`patch`], [`defaults`], [`validation`], [`selectors`]: object semantics
 //! - [`table`]: server-side printing; [`discovery`], [`openapi`]: documents
@@ -17,6 +18,7 @@ pub mod discovery;
 pub mod handlers;
 pub mod health;
 pub mod ipalloc;
+pub mod nodeproxy;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
@@ -78,6 +80,9 @@ pub struct ApiServer {
     active_namespaces: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
     /// Flips to true on shutdown; watch streams end when it does.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+    /// TLS towards node servers (the kubelet-client certificate); set once
+    /// at start by [`ApiServer::set_kubelet_client`].
+    pub(crate) node_tls: std::sync::OnceLock<Arc<rustls::ClientConfig>>,
 }
 
 /// A resource request after routing and authentication.
@@ -137,6 +142,7 @@ impl ApiServer {
             default_toleration_seconds: cfg.default_toleration_seconds,
             active_namespaces: Default::default(),
             shutdown,
+            node_tls: Default::default(),
         })
     }
 
@@ -267,6 +273,10 @@ impl ApiServer {
                 if def.namespaced != p.namespace.is_some() && !(def.namespaced && p.name.is_none())
                 {
                     return Err(ApiError::not_found_path(path));
+                }
+                if nodeproxy::proxied(def, p.subresource.as_deref()) && p.name.is_some() {
+                    let (ns, name) = (p.namespace.unwrap_or_default(), p.name.unwrap_or_default());
+                    return nodeproxy::proxy(self, def, &ns, &name, parts, body).await;
                 }
                 let body = read_body(&parts.headers, body).await?;
                 let r = Req {

@@ -1,6 +1,7 @@
 //! Subresources: status, scale, pods/binding, pods/eviction,
-//! namespaces/finalize, and the streaming routes (log, exec, attach,
-//! portforward) that answer 503 until the node connection exists.
+//! namespaces/finalize. The streaming ones (pods/log, exec, attach,
+//! portforward) are proxied to the pod's node before the request gets
+//! here (see [`super::nodeproxy`]).
 
 use std::sync::Arc;
 
@@ -46,8 +47,9 @@ pub(crate) async fn dispatch(
                     r.name()
                 )));
             }
+            // Unreachable through `route`, which proxies these first.
             Err(ApiError::unavailable(format!(
-                "pods/{sub} for pod {:?} on node {node:?}: not yet connected to node (the API server does not proxy to agents yet)",
+                "pods/{sub} for pod {:?} on node {node:?} is served by the node proxy",
                 r.name()
             )))
         }
