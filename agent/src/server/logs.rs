@@ -82,13 +82,13 @@ async fn logs(
         Some(c) => c,
         None => match pod.containers() {
             [only] => only.name.clone(),
-            _ => return Err((
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "a container name must be specified for pod {pod_name}, choose one of: [{}]",
-                    names(&pod).join(" ")
-                ),
-            )),
+            _ => {
+                let choices = names(&pod).join(" ");
+                let msg = format!(
+                    "a container name must be specified for pod {pod_name}, choose one of: [{choices}]"
+                );
+                return Err((StatusCode::BAD_REQUEST, msg));
+            }
         },
     };
     if !names(&pod).contains(&container) {
