@@ -327,8 +327,9 @@ async fn exec_attach_and_port_forward() -> Result<()> {
 }
 
 /// The oldest and newest supported kubectl (and each one between):
-/// SPDY for 1.27-1.29, WebSocket first for exec from 1.30 and for
-/// port-forward from 1.31.
+/// SPDY for 1.27-1.29; from 1.30 exec asks for WebSocket v5 first, which
+/// the runtime refuses (403), and kubectl falls back to SPDY; from 1.31
+/// port-forward runs over the WebSocket tunnel the agent ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kubectl_version_execs_and_forwards() -> Result<()> {
     let cluster = Cluster::start(1, ClusterOptions::default()).await?;
@@ -346,5 +347,13 @@ async fn every_kubectl_version_execs_and_forwards() -> Result<()> {
             "{binary} port-forward: {body:?}"
         );
     }
+    // kubectl 1.31 and later forward over WebSocket (the SPDY tunnel) rather
+    // than falling back to SPDY.
+    ensure!(
+        cluster.nodes()[0]
+            .agent_log()
+            .contains("port-forward over a WebSocket tunnel"),
+        "no port-forward used the WebSocket tunnel"
+    );
     cluster.finish().await
 }

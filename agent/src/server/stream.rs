@@ -42,6 +42,9 @@ pub fn routes(state: ServerState) -> Router {
         .with_state(state)
 }
 
+/// A refusal, boxed: a Response is large to carry in every Result.
+type Refused = Box<Response>;
+
 /// An error answer with a plain message, as the kubelet writes them
 /// (kubectl prints the body after "unable to upgrade connection:").
 fn fail(status: StatusCode, msg: impl Into<String>) -> Response {
@@ -81,12 +84,12 @@ impl Params {
         p
     }
 
-    fn check(&self) -> Result<(), Response> {
+    fn check(&self) -> Result<(), Refused> {
         if !(self.stdin || self.stdout || self.stderr) {
-            return Err(fail(
+            return Err(Box::new(fail(
                 StatusCode::BAD_REQUEST,
                 "you must specify at least 1 of stdin, stdout, stderr",
-            ));
+            )));
         }
         Ok(())
     }
@@ -123,14 +126,14 @@ async fn exec_in(
 ) -> Response {
     let p = Params::parse(&q);
     if let Err(r) = p.check() {
-        return r;
+        return *r;
     }
     if p.command.is_empty() {
         return fail(StatusCode::BAD_REQUEST, "you must specify a command");
     }
     let id = match container_id(&s, &ns, &pod, uid.as_deref(), &container).await {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, command = ?p.command, tty = p.tty, stdin = p.stdin, "exec");
     let call = s.shared.runtime.cri.exec(v1::ExecRequest {
@@ -176,11 +179,11 @@ async fn attach_to(
 ) -> Response {
     let p = Params::parse(&q);
     if let Err(r) = p.check() {
-        return r;
+        return *r;
     }
     let id = match container_id(&s, &ns, &pod, uid.as_deref(), &container).await {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, tty = p.tty, stdin = p.stdin, "attach");
     let call = s.shared.runtime.cri.attach(v1::AttachRequest {
@@ -221,7 +224,7 @@ async fn forward_to(
 ) -> Response {
     let p = match find_pod(&s, &ns, &pod, uid.as_deref()) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let uid = p.metadata.uid.clone().unwrap_or_default();
     let rt = match s.shared.runtime.observe_pod(&uid).await {
@@ -250,7 +253,7 @@ async fn forward_to(
     }
 }
 
-fn find_pod(s: &ServerState, ns: &str, name: &str, uid: Option<&str>) -> Result<Pod, Response> {
+fn find_pod(s: &ServerState, ns: &str, name: &str, uid: Option<&str>) -> Result<Pod, Refused> {
     s.shared
         .statuses
         .list()
@@ -260,7 +263,7 @@ fn find_pod(s: &ServerState, ns: &str, name: &str, uid: Option<&str>) -> Result<
                 && p.metadata.name.as_deref() == Some(name)
                 && uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
         })
-        .ok_or_else(|| fail(StatusCode::NOT_FOUND, "pod does not exist"))
+        .ok_or_else(|| Box::new(fail(StatusCode::NOT_FOUND, "pod does not exist")))
 }
 
 /// The id of the named container, running in the pod's current sandbox.
@@ -270,7 +273,7 @@ async fn container_id(
     pod: &str,
     uid: Option<&str>,
     container: &str,
-) -> Result<String, Response> {
+) -> Result<String, Refused> {
     let p = find_pod(s, ns, pod, uid)?;
     let uid = p.metadata.uid.clone().unwrap_or_default();
     let rt = s
@@ -278,7 +281,7 @@ async fn container_id(
         .runtime
         .observe_pod(&uid)
         .await
-        .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        .map_err(|e| Box::new(fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())))?;
     let sandbox = rt
         .current_sandbox()
         .map(|s| s.id.clone())
@@ -287,10 +290,10 @@ async fn container_id(
         .filter(|c| c.state == CState::Running)
         .map(|c| c.id.clone())
         .ok_or_else(|| {
-            fail(
+            Box::new(fail(
                 StatusCode::NOT_FOUND,
                 format!("container not found ({container:?})"),
-            )
+            ))
         })
 }
 

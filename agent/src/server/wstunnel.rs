@@ -51,7 +51,7 @@ pub async fn serve(url: &str, mut req: Request) -> Response {
         Ok(io) => io,
         Err(r) => return r,
     };
-    tracing::debug!("port-forward over a WebSocket tunnel");
+    tracing::info!("port-forward over a WebSocket tunnel");
     let client = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         match client.await {
