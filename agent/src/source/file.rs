@@ -173,7 +173,10 @@ impl FileSource {
     pub async fn run(mut self, tx: mpsc::Sender<PodUpdate>) {
         let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
+            // inotify reports opens and reads too, and the scan itself opens
+            // the directory: reacting to those would rescan forever.
+            let access = matches!(&res, Ok(e) if e.kind.is_access());
+            if !access {
                 let _ = ev_tx.send(());
             }
         });
