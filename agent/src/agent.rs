@@ -44,6 +44,14 @@ pub enum Error {
     },
     #[error(transparent)]
     ApiClient(#[from] crate::apiclient::Error),
+    #[error("node server: {0}")]
+    NodeServerTls(#[from] crate::server::tls::Error),
+    #[error("cannot listen on {address} for the node server: {source} (change --address / --port, or --port=0 to turn it off)")]
+    NodeServerListen {
+        address: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot listen on {address} for the status endpoint: {source} (change --status-address, or set it to none)")]
     Listen {
         address: std::net::SocketAddr,
@@ -83,7 +91,23 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         Some(path) => Some(crate::apiclient::from_kubeconfig(path).await?),
         None => None,
     };
-    let facts = Arc::new(Facts::gather(&config.root_dir, config.max_pods));
+    let mut facts = Facts::gather(&config.root_dir, config.max_pods);
+    // Bound before the Node is reported, so that its daemonEndpoints port
+    // is one that answers.
+    let node_listener = if config.port != 0 {
+        let addr = std::net::SocketAddr::new(config.address, config.port);
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::NodeServerListen {
+                address: addr,
+                source,
+            })?;
+        facts.kubelet_port = l.local_addr().map(|a| a.port()).unwrap_or(config.port);
+        Some(l)
+    } else {
+        None
+    };
+    let facts = Arc::new(facts);
     let host_ip = facts.internal_ip.map(|i| i.to_string()).unwrap_or_default();
     tracing::info!(
         node = %config.node_name,
@@ -151,6 +175,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 tracing::error!("status endpoint failed: {e}");
             }
         });
+    }
+
+    if let Some(listener) = node_listener {
+        let tls = server::tls::server_config(
+            server::tls::serving_cert(&config, &facts.hostname, facts.internal_ip.as_slice())?,
+            server::tls::client_ca(&config)?,
+        )?;
+        let state = ServerState {
+            shared: shared.clone(),
+            health: health.clone(),
+            facts: facts.clone(),
+        };
+        let authorizer = Arc::new(server::auth::Authorizer::new(
+            client.clone(),
+            &config.node_name,
+        ));
+        let router = server::secure::router(state, authorizer);
+        tokio::spawn(server::secure::serve(listener, tls, router, stopped()));
     }
 
     let (relist_tx, relist_rx) = mpsc::channel(4);

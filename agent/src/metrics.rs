@@ -160,15 +160,16 @@ mod tests {
         m.cri_call("ExecSync", Duration::from_millis(20), true);
         let text = m.render();
         assert!(
-            text.contains(
-                "prober_probe_total{probe_type=\"Readiness\",result=\"successful\"} 1"
-            ),
+            text.contains("prober_probe_total{probe_type=\"Readiness\",result=\"successful\"} 1"),
             "{text}"
         );
         assert!(
             text.contains("kubelet_runtime_operations_errors_total{operation_type=\"ExecSync\"} 1"),
             "{text}"
         );
-        assert!(text.contains("kubelet_pod_start_duration_seconds_count 0"), "{text}");
+        assert!(
+            text.contains("kubelet_pod_start_duration_seconds_count 0"),
+            "{text}"
+        );
     }
 }
