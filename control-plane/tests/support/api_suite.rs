@@ -509,11 +509,11 @@ pub async fn pod_lifecycle(s: &TestServer) {
         ok(s.kubectl(&["get", "rs", "sc", "-o", "jsonpath={.spec.replicas}"])),
         "4"
     );
-    // Streaming routes exist and say why they cannot serve yet.
+    // Streaming routes go to the pod's node, and say so when it is unknown.
     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "logs"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i:1"}]}})).unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let err = fails(s.kubectl(&["logs", "logs"]));
-    assert!(err.contains("not yet connected to node"), "{err}");
+    assert!(err.contains("nodes \"n1\" not found"), "{err}");
 }
 
 /// Events list and filter like upstream (`--field-selector involvedObject.name=`).
