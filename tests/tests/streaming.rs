@@ -327,8 +327,8 @@ async fn exec_attach_and_port_forward() -> Result<()> {
 }
 
 /// The oldest and newest supported kubectl (and each one between):
-/// SPDY for 1.27-1.29; from 1.30 exec asks for WebSocket v5 first, which
-/// the runtime refuses (403), and kubectl falls back to SPDY; from 1.31
+/// SPDY for 1.27-1.29 (passed through to the runtime); from 1.30 exec
+/// asks for WebSocket v5, which the agent serves itself; from 1.31
 /// port-forward runs over the WebSocket tunnel the agent ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kubectl_version_execs_and_forwards() -> Result<()> {
@@ -347,6 +347,10 @@ async fn every_kubectl_version_execs_and_forwards() -> Result<()> {
             "{binary} port-forward: {body:?}"
         );
     }
+    ensure!(
+        websocket_sessions(&cluster, "v5.channel.k8s.io") > 0,
+        "no exec was served over WebSocket v5"
+    );
     // kubectl 1.31 and later forward over WebSocket (the SPDY tunnel) rather
     // than falling back to SPDY.
     ensure!(
@@ -355,5 +359,83 @@ async fn every_kubectl_version_execs_and_forwards() -> Result<()> {
             .contains("port-forward over a WebSocket tunnel"),
         "no port-forward used the WebSocket tunnel"
     );
+    cluster.finish().await
+}
+
+/// How many exec/attach sessions the node's agent served over WebSocket
+/// `protocol` (it logs each one).
+fn websocket_sessions(cluster: &Cluster, protocol: &str) -> usize {
+    cluster.nodes()[0]
+        .agent_log()
+        .matches(&format!("remote command over WebSocket {protocol}"))
+        .count()
+}
+
+/// kubectl 1.33 execs over WebSocket v5.channel.k8s.io, which the agent
+/// speaks itself (translated to SPDY towards the runtime) rather than
+/// refusing it into kubectl's SPDY fallback: the exit code, stdin ending
+/// at EOF (v5's close signal), stdin and output larger than the SPDY
+/// windows (flow control), all whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_execs_over_websocket_v5() -> Result<()> {
+    let binary = format!("{KUBECTL_DIR}/kubectl.1.33");
+    let cluster = Cluster::start(1, ClusterOptions::default()).await?;
+    cluster.apply(&web_pod("web")).await?;
+    wait_running(&cluster, "web").await?;
+    let before = websocket_sessions(&cluster, "v5.channel.k8s.io");
+
+    exec_checks(&cluster, &binary, "web").await?;
+
+    let out = cluster
+        .kubectl_with(&binary, &["exec", "web", "--", "seq", "1", "60000"], None)
+        .await?;
+    let want: String = (1..=60000).map(|i| format!("{i}\n")).collect();
+    ensure!(
+        out.status.success() && out.stdout == want.as_bytes(),
+        "exec seq 1 60000: status {:?}, {} bytes of stdout (want {}), stderr {:?}",
+        out.status.code(),
+        out.stdout.len(),
+        want.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = cluster
+        .kubectl_with(
+            &binary,
+            &[
+                "exec",
+                "web",
+                "--",
+                "sh",
+                "-c",
+                "echo to-stderr >&2; exit 7",
+            ],
+            None,
+        )
+        .await?;
+    ensure!(
+        out.status.code() == Some(7) && String::from_utf8_lossy(&out.stderr).contains("to-stderr"),
+        "exec stderr, exit 7: status {:?}, stderr {:?}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let input: String = (0..20000).map(|i| format!("input line {i}\n")).collect();
+    let out = cluster
+        .kubectl_with(&binary, &["exec", "-i", "web", "--", "cat"], Some(&input))
+        .await?;
+    ensure!(
+        out.status.success() && out.stdout == input.as_bytes(),
+        "exec -i cat with {} bytes: status {:?}, {} bytes back, stderr {:?}",
+        input.len(),
+        out.status.code(),
+        out.stdout.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // exec_checks' two, and the three above: each on v5, none refused
+    // into a fallback.
+    let served = websocket_sessions(&cluster, "v5.channel.k8s.io") - before;
+    ensure!(served == 5, "{served} of 5 execs were served over v5");
     cluster.finish().await
 }

@@ -7,9 +7,11 @@ pub mod auth;
 pub mod logs;
 pub mod readonly;
 pub mod secure;
+pub mod spdy;
 pub mod stats;
 pub mod stream;
 pub mod tls;
+pub mod wschannel;
 pub mod wstunnel;
 
 pub use readonly::{router, serve, ServerState};

@@ -3,7 +3,10 @@
 //! with the caller's HTTP upgrade (SPDY/3.1, or WebSocket) passed through to
 //! that URL byte for byte, as the kubelet does when it does not redirect.
 //! The stream protocol itself is spoken between the caller and the runtime;
-//! the exit code travels in it.
+//! the exit code travels in it. Two upgrades the runtime cannot serve end
+//! here instead: exec/attach over WebSocket v5/v4.channel.k8s.io
+//! ([`super::wschannel`]) and port-forward over WebSocket
+//! ([`super::wstunnel`]).
 
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
@@ -84,6 +87,15 @@ impl Params {
         p
     }
 
+    fn streams(&self) -> super::wschannel::Streams {
+        super::wschannel::Streams {
+            stdin: self.stdin,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            tty: self.tty,
+        }
+    }
+
     fn check(&self) -> Result<(), Refused> {
         if !(self.stdin || self.stdout || self.stderr) {
             return Err(Box::new(fail(
@@ -136,6 +148,7 @@ async fn exec_in(
         Err(r) => return *r,
     };
     tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, command = ?p.command, tty = p.tty, stdin = p.stdin, "exec");
+    let streams = p.streams();
     let call = s.shared.runtime.cri.exec(v1::ExecRequest {
         container_id: id,
         cmd: p.command,
@@ -145,7 +158,7 @@ async fn exec_in(
         stderr: p.stderr,
     });
     match call.await {
-        Ok(r) => pass_through(&r.url, req).await,
+        Ok(r) => remote_command(&r.url, streams, req).await,
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
@@ -186,6 +199,7 @@ async fn attach_to(
         Err(r) => return *r,
     };
     tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, tty = p.tty, stdin = p.stdin, "attach");
+    let streams = p.streams();
     let call = s.shared.runtime.cri.attach(v1::AttachRequest {
         container_id: id,
         stdin: p.stdin,
@@ -194,7 +208,7 @@ async fn attach_to(
         stderr: p.stderr,
     });
     match call.await {
-        Ok(r) => pass_through(&r.url, req).await,
+        Ok(r) => remote_command(&r.url, streams, req).await,
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
@@ -250,6 +264,15 @@ async fn forward_to(
         }
         Ok(r) => pass_through(&r.url, req).await,
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// exec/attach: WebSocket v5/v4.channel.k8s.io is spoken here (the
+/// runtime has SPDY only); every other upgrade passes through.
+async fn remote_command(url: &str, streams: super::wschannel::Streams, req: Request) -> Response {
+    match super::wschannel::wanted(req.headers()) {
+        Some(protocol) => super::wschannel::serve(url, protocol, streams, req).await,
+        None => pass_through(url, req).await,
     }
 }
 

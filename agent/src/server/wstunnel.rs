@@ -47,7 +47,7 @@ pub async fn serve(url: &str, mut req: Request) -> Response {
     else {
         return (StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key").into_response();
     };
-    let runtime = match spdy_upgrade(url).await {
+    let runtime = match spdy_upgrade(url, SPDY_PROTOCOL).await {
         Ok(io) => io,
         Err(r) => return r,
     };
@@ -73,10 +73,11 @@ pub async fn serve(url: &str, mut req: Request) -> Response {
         .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response())
 }
 
-type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
+pub(super) type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
 
-/// A SPDY/3.1 port-forward upgrade to the runtime's streaming server.
-async fn spdy_upgrade(url: &str) -> Result<Upgraded, Response> {
+/// A SPDY/3.1 upgrade to the runtime's streaming server, asking for the
+/// stream `protocol`.
+pub(super) async fn spdy_upgrade(url: &str, protocol: &str) -> Result<Upgraded, Response> {
     let bad = |code: StatusCode, msg: String| (code, msg).into_response();
     let target: http::Uri = url.parse().map_err(|e| {
         bad(
@@ -109,7 +110,7 @@ async fn spdy_upgrade(url: &str) -> Result<Upgraded, Response> {
         .header(header::HOST, authority.as_str())
         .header(header::CONNECTION, "Upgrade")
         .header(header::UPGRADE, "SPDY/3.1")
-        .header("x-stream-protocol-version", SPDY_PROTOCOL)
+        .header("x-stream-protocol-version", protocol)
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| bad(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let resp = sender
@@ -120,7 +121,7 @@ async fn spdy_upgrade(url: &str) -> Result<Upgraded, Response> {
         let status = resp.status();
         return Err(bad(
             StatusCode::BAD_GATEWAY,
-            format!("the runtime refused the port-forward stream ({status})"),
+            format!("the runtime refused the {protocol} stream ({status})"),
         ));
     }
     hyper::upgrade::on(resp)
