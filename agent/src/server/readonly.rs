@@ -51,14 +51,15 @@ pub async fn serve(
         .await
 }
 
-async fn healthz(State(s): State<ServerState>) -> Response {
+/// Shared with the node server, which serves the same answers.
+pub(super) async fn healthz(State(s): State<ServerState>) -> Response {
     match s.health.ready() {
         Ok(()) => (StatusCode::OK, "ok").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     }
 }
 
-async fn pods(State(s): State<ServerState>) -> Json<List<Pod>> {
+pub(super) async fn pods(State(s): State<ServerState>) -> Json<List<Pod>> {
     Json(List {
         items: s.shared.statuses.list(),
         metadata: Default::default(),

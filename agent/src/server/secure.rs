@@ -14,17 +14,15 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::List;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tower::ServiceExt as _;
 
 use super::auth::{self, Authorizer, Identity};
-use super::readonly::ServerState;
+use super::readonly::{healthz, pods, ServerState};
 use super::stream;
 
 /// The identity of a connection's verified client certificate, put into
@@ -62,20 +60,6 @@ async fn guard(State(authorizer): State<Arc<Authorizer>>, req: Request, next: Ne
             (StatusCode::FORBIDDEN, reason).into_response()
         }
     }
-}
-
-async fn healthz(State(s): State<ServerState>) -> Response {
-    match s.health.ready() {
-        Ok(()) => (StatusCode::OK, "ok").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
-    }
-}
-
-async fn pods(State(s): State<ServerState>) -> Json<List<Pod>> {
-    Json(List {
-        items: s.shared.statuses.list(),
-        metadata: Default::default(),
-    })
 }
 
 /// Serve `router` over TLS on `listener` until `shutdown` resolves; open
