@@ -8,6 +8,8 @@
 //! ([`super::wschannel`]) and port-forward over WebSocket
 //! ([`super::wstunnel`]).
 
+use std::collections::HashMap;
+
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -25,14 +27,11 @@ use crate::runtime::state::State as CState;
 pub fn routes(state: ServerState) -> Router {
     Router::new()
         .route("/exec/{ns}/{pod}/{container}", get(exec).post(exec))
-        .route(
-            "/exec/{ns}/{pod}/{uid}/{container}",
-            get(exec_uid).post(exec_uid),
-        )
+        .route("/exec/{ns}/{pod}/{uid}/{container}", get(exec).post(exec))
         .route("/attach/{ns}/{pod}/{container}", get(attach).post(attach))
         .route(
             "/attach/{ns}/{pod}/{uid}/{container}",
-            get(attach_uid).post(attach_uid),
+            get(attach).post(attach),
         )
         .route(
             "/portForward/{ns}/{pod}",
@@ -40,7 +39,7 @@ pub fn routes(state: ServerState) -> Router {
         )
         .route(
             "/portForward/{ns}/{pod}/{uid}",
-            get(port_forward_uid).post(port_forward_uid),
+            get(port_forward).post(port_forward),
         )
         .with_state(state)
 }
@@ -108,125 +107,96 @@ impl Params {
 }
 
 type Q = Query<Vec<(String, String)>>;
+/// `{ns}`, `{pod}`, optionally `{uid}`, and `{container}`: one handler
+/// serves the routes with and without the uid segment.
+type PathParams = Path<HashMap<String, String>>;
+
+/// Which CRI streaming call a remote command goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remote {
+    Exec,
+    Attach,
+}
 
 async fn exec(
     State(s): State<ServerState>,
-    Path((ns, pod, container)): Path<(String, String, String)>,
+    Path(at): PathParams,
     Query(q): Q,
     req: Request,
 ) -> Response {
-    exec_in(s, ns, pod, None, container, q, req).await
-}
-
-async fn exec_uid(
-    State(s): State<ServerState>,
-    Path((ns, pod, uid, container)): Path<(String, String, String, String)>,
-    Query(q): Q,
-    req: Request,
-) -> Response {
-    exec_in(s, ns, pod, Some(uid), container, q, req).await
-}
-
-async fn exec_in(
-    s: ServerState,
-    ns: String,
-    pod: String,
-    uid: Option<String>,
-    container: String,
-    q: Vec<(String, String)>,
-    req: Request,
-) -> Response {
-    let p = Params::parse(&q);
-    if let Err(r) = p.check() {
-        return *r;
-    }
-    if p.command.is_empty() {
-        return fail(StatusCode::BAD_REQUEST, "you must specify a command");
-    }
-    let id = match container_id(&s, &ns, &pod, uid.as_deref(), &container).await {
-        Ok(id) => id,
-        Err(r) => return *r,
-    };
-    tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, command = ?p.command, tty = p.tty, stdin = p.stdin, "exec");
-    let streams = p.streams();
-    let call = s.shared.runtime.cri.exec(v1::ExecRequest {
-        container_id: id,
-        cmd: p.command,
-        tty: p.tty,
-        stdin: p.stdin,
-        stdout: p.stdout,
-        stderr: p.stderr,
-    });
-    match call.await {
-        Ok(r) => remote_command(&r.url, streams, req).await,
-        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    remote(s, Remote::Exec, at, q, req).await
 }
 
 async fn attach(
     State(s): State<ServerState>,
-    Path((ns, pod, container)): Path<(String, String, String)>,
+    Path(at): PathParams,
     Query(q): Q,
     req: Request,
 ) -> Response {
-    attach_to(s, ns, pod, None, container, q, req).await
+    remote(s, Remote::Attach, at, q, req).await
 }
 
-async fn attach_uid(
-    State(s): State<ServerState>,
-    Path((ns, pod, uid, container)): Path<(String, String, String, String)>,
-    Query(q): Q,
-    req: Request,
-) -> Response {
-    attach_to(s, ns, pod, Some(uid), container, q, req).await
-}
-
-async fn attach_to(
+async fn remote(
     s: ServerState,
-    ns: String,
-    pod: String,
-    uid: Option<String>,
-    container: String,
+    kind: Remote,
+    at: HashMap<String, String>,
     q: Vec<(String, String)>,
     req: Request,
 ) -> Response {
+    let part = |k: &str| at.get(k).cloned().unwrap_or_default();
+    let (ns, pod, container) = (part("ns"), part("pod"), part("container"));
     let p = Params::parse(&q);
     if let Err(r) = p.check() {
         return *r;
     }
-    let id = match container_id(&s, &ns, &pod, uid.as_deref(), &container).await {
+    if kind == Remote::Exec && p.command.is_empty() {
+        return fail(StatusCode::BAD_REQUEST, "you must specify a command");
+    }
+    let uid = at.get("uid").map(String::as_str);
+    let id = match container_id(&s, &ns, &pod, uid, &container).await {
         Ok(id) => id,
         Err(r) => return *r,
     };
-    tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, tty = p.tty, stdin = p.stdin, "attach");
     let streams = p.streams();
-    let call = s.shared.runtime.cri.attach(v1::AttachRequest {
-        container_id: id,
-        stdin: p.stdin,
-        tty: p.tty,
-        stdout: p.stdout,
-        stderr: p.stderr,
-    });
-    match call.await {
-        Ok(r) => remote_command(&r.url, streams, req).await,
+    let cri = &s.shared.runtime.cri;
+    let url = match kind {
+        Remote::Exec => {
+            tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, command = ?p.command, tty = p.tty, stdin = p.stdin, "exec");
+            let req = v1::ExecRequest {
+                container_id: id,
+                cmd: p.command,
+                tty: p.tty,
+                stdin: p.stdin,
+                stdout: p.stdout,
+                stderr: p.stderr,
+            };
+            cri.exec(req).await.map(|r| r.url)
+        }
+        Remote::Attach => {
+            tracing::info!(pod = %format!("{ns}/{pod}"), container = %container, tty = p.tty, stdin = p.stdin, "attach");
+            let req = v1::AttachRequest {
+                container_id: id,
+                stdin: p.stdin,
+                tty: p.tty,
+                stdout: p.stdout,
+                stderr: p.stderr,
+            };
+            cri.attach(req).await.map(|r| r.url)
+        }
+    };
+    match url {
+        Ok(url) => remote_command(&url, streams, req).await,
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
 async fn port_forward(
     State(s): State<ServerState>,
-    Path((ns, pod)): Path<(String, String)>,
+    Path(at): PathParams,
     req: Request,
 ) -> Response {
-    forward_to(s, ns, pod, None, req).await
-}
-
-async fn port_forward_uid(
-    State(s): State<ServerState>,
-    Path((ns, pod, uid)): Path<(String, String, String)>,
-    req: Request,
-) -> Response {
-    forward_to(s, ns, pod, Some(uid), req).await
+    let part = |k: &str| at.get(k).cloned().unwrap_or_default();
+    forward_to(s, part("ns"), part("pod"), at.get("uid").cloned(), req).await
 }
 
 async fn forward_to(

@@ -11,7 +11,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -147,14 +146,7 @@ pub async fn serve(
             Err(e) => tracing::debug!(error = %e, "remote command websocket upgrade failed"),
         }
     });
-    Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::UPGRADE, "websocket")
-        .header("sec-websocket-accept", key)
-        .header("sec-websocket-protocol", protocol)
-        .body(Body::empty())
-        .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response())
+    super::wstunnel::switching_protocols(&key, protocol)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -63,12 +63,18 @@ pub async fn serve(url: &str, mut req: Request) -> Response {
             Err(e) => tracing::debug!(error = %e, "port-forward websocket upgrade failed"),
         }
     });
+    switching_protocols(&key, PROTOCOL)
+}
+
+/// The 101 that accepts a WebSocket upgrade with `protocol`; `key` is the
+/// computed Sec-WebSocket-Accept.
+pub(super) fn switching_protocols(key: &str, protocol: &str) -> Response {
     Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(header::CONNECTION, "Upgrade")
         .header(header::UPGRADE, "websocket")
         .header("sec-websocket-accept", key)
-        .header("sec-websocket-protocol", PROTOCOL)
+        .header("sec-websocket-protocol", protocol)
         .body(Body::empty())
         .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response())
 }
