@@ -192,14 +192,7 @@ async fn count_lines(src: &mut Source, path: &Path, keep: u64) -> Result<(u64, V
     let mut pos = 0u64;
     let mut line = Vec::new();
     loop {
-        line.clear();
-        let n = src
-            .read_until(b'\n', &mut line)
-            .await
-            .map_err(|source| Error::Read {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let n = next_line(src, path, &mut line).await?;
         if n == 0 {
             break;
         }
@@ -215,18 +208,23 @@ async fn count_lines(src: &mut Source, path: &Path, keep: u64) -> Result<(u64, V
     Ok((count, ends))
 }
 
+/// Replace `line` with the next line of `src` (its newline kept; the last
+/// one may lack it); 0 at the end.
+async fn next_line(src: &mut Source, path: &Path, line: &mut Vec<u8>) -> Result<usize> {
+    line.clear();
+    src.read_until(b'\n', line)
+        .await
+        .map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
 /// Copy a whole (rotated) source through the writer.
 async fn pump(src: &mut Source, path: &Path, w: &mut Writer<'_>) -> Result<Flow> {
     let mut line = Vec::new();
     loop {
-        line.clear();
-        let n = src
-            .read_until(b'\n', &mut line)
-            .await
-            .map_err(|source| Error::Read {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let n = next_line(src, path, &mut line).await?;
         if n == 0 {
             return Ok(Flow::Go);
         }
