@@ -17,6 +17,8 @@
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
 //! - [`node`]: the Node object: facts, registration, status, Lease.
 //! - [`network`]: the CNI configuration for the node's pod CIDR.
+//! - [`proxy`]: the service proxy (kube-proxy's role), nftables or
+//!   iptables.
 //! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
@@ -39,6 +41,7 @@ pub mod plan;
 pub mod pleg;
 pub mod pod;
 pub mod prober;
+pub mod proxy;
 pub mod runtime;
 pub mod server;
 pub mod source;
