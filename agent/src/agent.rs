@@ -92,6 +92,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         None => None,
     };
     let mut facts = Facts::gather(&config.root_dir, config.max_pods);
+    if config.node_ip.is_some() {
+        facts.internal_ip = config.node_ip;
+    }
     // Bound before the Node is reported, so that its daemonEndpoints port
     // is one that answers.
     let node_listener = if config.port != 0 {
@@ -146,6 +149,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 .clone()
                 .map(|c| Arc::new(ObjectSource::new(c, OBJECT_TTL))),
         ),
+        served_dns: Default::default(),
     });
     let health = Arc::new(Health::default());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -228,7 +232,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             probe,
             Some(recorder),
         );
+        let pod_cidr = node.pod_cidr();
         node_task = Some(tokio::spawn(node.run(stopped())));
+        start_services(&config, c, pod_cidr, &shared, &stopped);
     }
 
     let (src_tx, src_rx) = mpsc::channel(16);
@@ -275,6 +281,40 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     tracing::info!("skiff-agent stopped; containers keep running");
     Ok(())
+}
+
+/// The Service and EndpointSlice watch, and what reads it: the service
+/// proxy and the cluster DNS.
+fn start_services<S, F>(
+    config: &Config,
+    client: &kube::Client,
+    pod_cidr: watch::Receiver<Option<String>>,
+    shared: &Arc<Shared>,
+    stopped: &S,
+) where
+    S: Fn() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    use crate::proxy::{self, Mode, ProxyConfig};
+    let (source, stores) = proxy::source::new(&config.node_name);
+    tokio::spawn(source.run(client.clone(), stopped()));
+    if config.proxy_mode != Mode::None {
+        let proxy_config = ProxyConfig {
+            mode: config.proxy_mode,
+            node_name: config.node_name.clone(),
+            min_sync_period: config.proxy_min_sync_period,
+            sync_period: config.proxy_sync_period,
+            healthz_bind_address: config.proxy_healthz_bind_address,
+            metrics_bind_address: config.proxy_metrics_bind_address,
+        };
+        tokio::spawn(proxy::run(
+            proxy_config,
+            stores.clone(),
+            pod_cidr.clone(),
+            stopped(),
+        ));
+    }
+    let _ = (stores, pod_cidr, shared);
 }
 
 /// Forward the file source's snapshots to the pod manager, keeping the

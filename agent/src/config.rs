@@ -102,6 +102,28 @@ pub struct Config {
     /// How often logs are checked for rotation
     /// (containerLogMonitorInterval, 10s).
     pub container_log_monitor_interval: Duration,
+    /// The service proxy: nftables (default), iptables or none.
+    pub proxy_mode: crate::proxy::Mode,
+    /// Changes closer together than this share one proxy sync.
+    pub proxy_min_sync_period: Duration,
+    /// How often the proxy rewrites everything, repairing tampering.
+    pub proxy_sync_period: Duration,
+    /// The proxy's `/healthz` (kube-proxy's 0.0.0.0:10256); None: off.
+    pub proxy_healthz_bind_address: Option<SocketAddr>,
+    /// The proxy's `/metrics` (kube-proxy's 127.0.0.1:10249); None: off.
+    pub proxy_metrics_bind_address: Option<SocketAddr>,
+    /// Serve the cluster DNS on the pod network's gateway address, and
+    /// point ClusterFirst pods at it, when `cluster_dns` is not set.
+    pub serve_cluster_dns: bool,
+    /// The node's resolv.conf (the kubelet's `--resolv-conf`): upstream
+    /// resolvers for names outside the cluster domain.
+    pub resolv_conf: PathBuf,
+    /// Route the other nodes' pod CIDRs through their addresses (when the
+    /// agent writes the CNI configuration).
+    pub pod_routes: bool,
+    /// The node's InternalIP (the kubelet's `--node-ip`); by default the
+    /// address of the interface the default route leaves by.
+    pub node_ip: Option<std::net::IpAddr>,
 }
 
 impl Default for Config {
@@ -140,6 +162,15 @@ impl Default for Config {
             container_log_max_size: Some(10 << 20),
             container_log_max_files: 5,
             container_log_monitor_interval: Duration::from_secs(10),
+            proxy_mode: crate::proxy::Mode::Nftables,
+            proxy_min_sync_period: Duration::from_millis(100),
+            proxy_sync_period: Duration::from_secs(3600),
+            proxy_healthz_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 10256))),
+            proxy_metrics_bind_address: Some(SocketAddr::from(([127, 0, 0, 1], 10249))),
+            serve_cluster_dns: true,
+            resolv_conf: "/etc/resolv.conf".into(),
+            pod_routes: true,
+            node_ip: None,
         }
     }
 }
@@ -186,6 +217,17 @@ pub struct FileConfig {
     pub container_log_max_size: Option<String>,
     pub container_log_max_files: Option<u32>,
     pub container_log_monitor_interval: Option<DurationStr>,
+    pub proxy_mode: Option<String>,
+    pub proxy_min_sync_period: Option<DurationStr>,
+    pub proxy_sync_period: Option<DurationStr>,
+    pub proxy_healthz_bind_address: Option<String>,
+    pub proxy_metrics_bind_address: Option<String>,
+    #[serde(rename = "serveClusterDNS")]
+    pub serve_cluster_dns: Option<bool>,
+    pub resolv_conf: Option<PathBuf>,
+    pub pod_routes: Option<bool>,
+    #[serde(rename = "nodeIP")]
+    pub node_ip: Option<std::net::IpAddr>,
 }
 
 impl FileConfig {
@@ -266,6 +308,21 @@ impl FileConfig {
         if let Some(addr) = self.status_address {
             c.status_address = parse_optional_addr(&addr)?;
         }
+        if let Some(mode) = self.proxy_mode {
+            c.proxy_mode = mode.parse().map_err(|e| format!("proxyMode: {e}"))?;
+        }
+        set!(proxy_min_sync_period, self.proxy_min_sync_period.map(|d| d.0));
+        set!(proxy_sync_period, self.proxy_sync_period.map(|d| d.0));
+        if let Some(addr) = self.proxy_healthz_bind_address {
+            c.proxy_healthz_bind_address = parse_optional_addr(&addr)?;
+        }
+        if let Some(addr) = self.proxy_metrics_bind_address {
+            c.proxy_metrics_bind_address = parse_optional_addr(&addr)?;
+        }
+        set!(serve_cluster_dns, self.serve_cluster_dns);
+        set!(resolv_conf, self.resolv_conf);
+        set!(pod_routes, self.pod_routes);
+        c.node_ip = self.node_ip.or(c.node_ip.take());
         Ok(())
     }
 }

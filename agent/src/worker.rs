@@ -43,6 +43,24 @@ pub struct Shared {
     pub prober: crate::prober::Prober,
     /// The pods' volumes, and the API objects they and env project.
     pub volumes: crate::volumes::VolumeManager,
+    /// The cluster DNS the agent serves itself (the pod network's gateway
+    /// once the pod CIDR is known), used when `--cluster-dns` is unset.
+    /// Writer: the agent's wiring; readers: sandbox creation.
+    pub served_dns: std::sync::RwLock<Vec<String>>,
+}
+
+impl Shared {
+    /// The nameservers of ClusterFirst pods: `--cluster-dns`, else the
+    /// agent's own DNS server once it listens.
+    pub fn cluster_dns(&self) -> Vec<String> {
+        if !self.config.cluster_dns.is_empty() {
+            return self.config.cluster_dns.clone();
+        }
+        self.served_dns
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// The latest pod and status of every pod the agent runs; read by the
@@ -423,10 +441,11 @@ async fn act(
     }
     let mut requeue = None;
     if let Some((sandbox_id, ip)) = &sandbox {
+        let dns = shared.cluster_dns();
         let sandbox_cfg = sandbox_config(
             pod,
             plan.create_sandbox.unwrap_or(0),
-            &sandbox_ctx(&shared.config),
+            &sandbox_ctx(&shared.config, &dns),
         );
         for start in &plan.start {
             let ctx = StartCtx {
@@ -467,7 +486,8 @@ async fn create_sandbox(
     pod: &Pod,
     attempt: u32,
 ) -> Result<(String, Option<String>), cri_proto::Error> {
-    let cfg = sandbox_config(pod, attempt, &sandbox_ctx(&shared.config));
+    let dns = shared.cluster_dns();
+    let cfg = sandbox_config(pod, attempt, &sandbox_ctx(&shared.config, &dns));
     if let Err(e) = std::fs::create_dir_all(&cfg.log_directory) {
         tracing::warn!(pod = %pod.key(), "cannot create log directory {}: {e}", cfg.log_directory);
     }
@@ -501,10 +521,10 @@ async fn create_sandbox(
     Ok((id, ip))
 }
 
-fn sandbox_ctx(c: &Config) -> SandboxContext<'_> {
+fn sandbox_ctx<'a>(c: &'a Config, cluster_dns: &'a [String]) -> SandboxContext<'a> {
     SandboxContext {
         pod_log_dir: &c.pod_log_dir,
-        cluster_dns: &c.cluster_dns,
+        cluster_dns,
         cluster_domain: &c.cluster_domain,
     }
 }

@@ -431,8 +431,12 @@ pub fn sweep_stale() -> Vec<String> {
         }
     }
     // Their directories last: a containerd's CNI DEL writes host-local
-    // state into the agent's root directory inside a cluster's.
-    for (_, dir, _, _) in dead.iter().filter(|d| d.2.is_none()) {
+    // state into the agent's root directory inside a cluster's. A
+    // cluster's node namespaces and LAN go with it.
+    for (name, dir, _, _) in dead.iter().filter(|d| d.2.is_none()) {
+        for e in crate::netns::sweep(name) {
+            eprintln!("skiff-tests: cleanup of cluster {name}: {e}");
+        }
         let _ = unmount_under(dir);
         let _ = remove_dir(dir);
     }

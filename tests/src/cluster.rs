@@ -17,13 +17,20 @@
 //! each node's kubeconfig, agent root, pod logs and static pod dir, and
 //! kubectl's cache. Each node's containerd has its own run directory.
 //!
-//! # Pod network
+//! # Network
+//! Each node is a network namespace of its own on the cluster's LAN (a
+//! bridge, see [`netns`](crate::netns)), with its containerd and agent
+//! inside it: its pods, its proxy rules and its routes are its own, as on
+//! a machine. The API server listens on the host's LAN address.
+//!
 //! The cluster leases an aligned block of consecutive 198.18.X.0/24
 //! subnets (below 198.18.100.0, which single containerd fixtures use) and
 //! passes it as `--cluster-cidr` with `--node-cidr-mask-size 24`, so node
-//! IPAM hands each node one of them. The nodes' containerds start without
-//! a CNI configuration: the agent writes it for the node's podCIDR
-//! (`--cni-conf-dir`, `--cni-bridge`), exactly as on a real node.
+//! IPAM hands each node one of them, and one more /24 for the LAN. The
+//! nodes' containerds start without a CNI configuration: the agent writes
+//! it for the node's podCIDR (`--cni-conf-dir`, `--cni-bridge`) and routes
+//! the other nodes' podCIDRs through their LAN addresses, exactly as on
+//! real nodes.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -38,12 +45,14 @@ use kube::Api;
 use crate::agent::{free_port, workspace_binary};
 use crate::cleanup::{self, RunLock};
 use crate::containerd::Containerd;
+use crate::netns::{Lan, NodeNs};
 
 /// Third octets of the blocks cluster fixtures lease: 198.18.0.0 to
 /// 198.18.99.255 (single containerd fixtures use 100 and up).
 const CLUSTER_SUBNETS: std::ops::Range<u16> = 0..100;
-/// Services get ClusterIPs from here; they are never routed in tests.
-const SERVICE_RANGE: &str = "198.19.0.0/16";
+/// Services get ClusterIPs from here; on-link in each node, routed
+/// nowhere.
+const SERVICE_RANGE: &str = crate::netns::SERVICE_RANGE;
 /// How long kubectl may take for one command unless told otherwise.
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Grace between SIGTERM and SIGKILL for the server.
@@ -117,6 +126,9 @@ pub struct Cluster {
     dir: PathBuf,
     /// First third octet of the leased block and its length.
     block: (u8, u8),
+    /// The nodes' LAN (its /24 leased as a block of one).
+    lan: Lan,
+    lan_block: (u8, u8),
     options: ClusterOptions,
     server: Server,
     nodes: Vec<Node>,
@@ -154,19 +166,26 @@ impl Cluster {
         .await??;
         let (id, dir, lock) = tokio::task::spawn_blocking(cleanup::create_run_dir).await??;
         let block_len = options.max_nodes.max(1).next_power_of_two();
-        let block = match lease_block(block_len, &id) {
+        let leased = lease_block(block_len, &id).and_then(|block| {
+            let lan_block = lease_block(1, &id)?;
+            let lan = Lan::create(&id, lan_block.0)?;
+            Ok((block, lan_block, lan))
+        });
+        let (block, lan_block, lan) = match leased {
             Ok(b) => b,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = remove_run(&dir, &[], &id);
                 return Err(e);
             }
         };
         let port = free_port()?;
-        let server = Server::new(server_binary, &dir, port, block, &options);
+        let server = Server::new(server_binary, &dir, port, block, lan.gateway(), &options);
         let mut cluster = Cluster {
             id,
             dir,
             block,
+            lan,
+            lan_block,
             options,
             server,
             nodes: Vec::new(),
@@ -176,9 +195,13 @@ impl Cluster {
         };
         // From here on, Drop removes whatever was started.
         cluster.server.spawn()?;
-        let runtimes = futures::future::try_join_all((0..nodes).map(|i| {
+        let namespaces = (0..nodes)
+            .map(|i| cluster.lan.add_node(i as u8 + 1))
+            .collect::<Result<Vec<_>>>()?;
+        let runtimes = futures::future::try_join_all(namespaces.iter().enumerate().map(|(i, ns)| {
             Containerd::builder()
                 .external_cni(block.0 + i as u8)
+                .netns(ns.path())
                 .start()
         }));
         let runtimes = runtimes.await.context("starting the nodes' containerds")?;
@@ -186,8 +209,8 @@ impl Cluster {
             .server
             .wait_ready(cluster.options.start_timeout)
             .await?;
-        for containerd in runtimes {
-            cluster.spawn_node(containerd, NodeOptions::default())?;
+        for (containerd, ns) in runtimes.into_iter().zip(namespaces) {
+            cluster.spawn_node(containerd, ns, NodeOptions::default())?;
         }
         let names: Vec<String> = cluster.nodes.iter().map(|n| n.name.clone()).collect();
         for name in names {
@@ -208,17 +231,20 @@ impl Cluster {
             "cluster has room for {} nodes (ClusterOptions::max_nodes)",
             self.block.1
         );
+        let ns = self.lan.add_node(index as u8 + 1)?;
         let containerd = Containerd::builder()
             .external_cni(self.block.0 + index as u8)
+            .netns(ns.path())
             .start()
             .await?;
-        let name = self.spawn_node(containerd, opts)?;
+        let name = self.spawn_node(containerd, ns, opts)?;
         self.wait_joined(&name).await?;
         Ok(self.nodes.last_mut().expect("node just added"))
     }
 
-    /// Creates the node's directories and kubeconfig and starts its agent.
-    fn spawn_node(&mut self, containerd: Containerd, opts: NodeOptions) -> Result<String> {
+    /// Creates the node's directories and kubeconfig and starts its agent
+    /// in the node's namespace.
+    fn spawn_node(&mut self, containerd: Containerd, ns: NodeNs, opts: NodeOptions) -> Result<String> {
         let name = format!("node-{}", self.nodes.len() + 1);
         let dir = self.dir.join(&name);
         for sub in ["root", "logs", "manifests"] {
@@ -231,6 +257,13 @@ impl Cluster {
             .kubeconfig(&user, &["system:nodes"])
             .with_context(|| format!("issuing the kubeconfig of {name}"))?;
         std::fs::write(&kubeconfig, text)?;
+        // Names outside the cluster go to the host's LAN address, where a
+        // test may serve them (nothing answers otherwise): never further.
+        let resolv_conf = dir.join("resolv.conf");
+        std::fs::write(
+            &resolv_conf,
+            format!("nameserver {}\n", self.lan.gateway()),
+        )?;
         let o = &self.options;
         let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
@@ -253,6 +286,8 @@ impl Cluster {
             format!("--cni-conf-dir={}", containerd.cni_conf_dir().display()),
             format!("--cni-bridge={}", containerd.bridge()),
             "--runtime-request-timeout=30s".into(),
+            format!("--node-ip={}", ns.ip),
+            format!("--resolv-conf={}", resolv_conf.display()),
         ];
         if !opts.labels.is_empty() {
             let labels: Vec<String> = opts
@@ -273,7 +308,9 @@ impl Cluster {
                 args,
                 dir.join("agent.log"),
                 "SKIFF_AGENT_LOG",
-            ),
+            )
+            .in_netns(ns.path()),
+            ns,
             dir,
         };
         node.agent.spawn()?;
@@ -591,9 +628,9 @@ impl Cluster {
             }
         }
         let dir = self.dir.clone();
-        let block = self.block;
+        let blocks = [self.block, self.lan_block];
         let id = self.id.clone();
-        let rest = tokio::task::spawn_blocking(move || remove_run(&dir, block, &id)).await?;
+        let rest = tokio::task::spawn_blocking(move || remove_run(&dir, &blocks, &id)).await?;
         errors.extend(rest);
         ensure!(
             errors.is_empty(),
@@ -623,15 +660,16 @@ impl Drop for Cluster {
         }
         // Each containerd tears itself down (CRI on its own thread).
         self.nodes.clear();
-        for e in remove_run(&self.dir, self.block, &self.id) {
+        for e in remove_run(&self.dir, &[self.block, self.lan_block], &self.id) {
             eprintln!("skiff-tests: cleanup of cluster {}: {e}", self.id);
         }
     }
 }
 
-/// Unmounts and removes the run directory, then releases the block.
-fn remove_run(dir: &Path, block: (u8, u8), id: &str) -> Vec<String> {
-    let mut errors = Vec::new();
+/// Removes the LAN, unmounts and removes the run directory, then releases
+/// the blocks.
+fn remove_run(dir: &Path, blocks: &[(u8, u8)], id: &str) -> Vec<String> {
+    let mut errors = crate::netns::sweep(id);
     if let Err(e) = cleanup::unmount_under(dir) {
         errors.push(format!("unmounting under {}: {e:#}", dir.display()));
     }
@@ -640,23 +678,36 @@ fn remove_run(dir: &Path, block: (u8, u8), id: &str) -> Vec<String> {
             errors.push(format!("removing {}: {e}", dir.display()));
         }
     }
-    for x in block.0..block.0 + block.1 {
-        if let Err(e) = cleanup::release_subnet(x, id) {
-            errors.push(format!("{e:#}"));
+    for block in blocks {
+        for x in block.0..block.0 + block.1 {
+            if let Err(e) = cleanup::release_subnet(x, id) {
+                errors.push(format!("{e:#}"));
+            }
         }
     }
     errors
 }
 
-/// One node: its containerd and its agent process.
+/// One node: its network namespace, its containerd and its agent process.
 pub struct Node {
     name: String,
     dir: PathBuf,
     agent: Process,
     containerd: Containerd,
+    ns: NodeNs,
 }
 
 impl Node {
+    /// The node's network namespace (its LAN address, commands inside it).
+    pub fn netns(&self) -> &NodeNs {
+        &self.ns
+    }
+
+    /// The node's LAN address (its InternalIP).
+    pub fn ip(&self) -> std::net::Ipv4Addr {
+        self.ns.ip
+    }
+
     /// The Node object's name (`node-1`, `node-2`, ...).
     pub fn name(&self) -> &str {
         &self.name
@@ -760,11 +811,18 @@ struct Server {
 }
 
 impl Server {
-    fn new(binary: PathBuf, dir: &Path, port: u16, block: (u8, u8), o: &ClusterOptions) -> Server {
+    fn new(
+        binary: PathBuf,
+        dir: &Path,
+        port: u16,
+        block: (u8, u8),
+        address: std::net::Ipv4Addr,
+        o: &ClusterOptions,
+    ) -> Server {
         let data_dir = dir.join("server");
         let mut args = vec![
             format!("--data-dir={}", data_dir.display()),
-            "--bind-address=127.0.0.1".into(),
+            format!("--bind-address={address}"),
             format!("--secure-port={port}"),
             format!("--cluster-cidr={}", block_cidr(block)),
             "--node-cidr-mask-size=24".into(),
@@ -794,7 +852,7 @@ impl Server {
                 "SKIFF_SERVER_LOG",
             ),
             data_dir,
-            url: format!("https://127.0.0.1:{port}"),
+            url: format!("https://{address}:{port}"),
         }
     }
 
@@ -849,6 +907,8 @@ struct Process {
     log: PathBuf,
     /// Environment variable that overrides `RUST_LOG` for it.
     log_env: &'static str,
+    /// The network namespace it runs in (`nsenter --net=`), if not ours.
+    netns: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -866,8 +926,15 @@ impl Process {
             args,
             log,
             log_env,
+            netns: None,
             child: None,
         }
+    }
+
+    /// Run it inside the network namespace pinned at `path`.
+    fn in_netns(mut self, path: PathBuf) -> Process {
+        self.netns = Some(path);
+        self
     }
 
     /// Starts it unless it runs. Not in a process group of its own: a
@@ -882,7 +949,17 @@ impl Process {
             .open(&self.log)
             .with_context(|| format!("opening {}", self.log.display()))?;
         let level = std::env::var(self.log_env).unwrap_or_else(|_| "info".into());
-        let child = Command::new(&self.binary)
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", ns.display()))
+                    .arg("--")
+                    .arg(&self.binary);
+                c
+            }
+            None => Command::new(&self.binary),
+        };
+        let child = command
             .args(&self.args)
             .env("RUST_LOG", level)
             .stdin(Stdio::null())

@@ -49,6 +49,8 @@ pub struct ContainerdBuilder {
     /// Set by [`ContainerdBuilder::external_cni`]: the subnet someone else
     /// leased and configures.
     external_subnet: Option<u8>,
+    /// Run containerd in this network namespace (`/run/netns/NAME`).
+    netns: Option<PathBuf>,
 }
 
 impl Default for ContainerdBuilder {
@@ -60,6 +62,7 @@ impl Default for ContainerdBuilder {
             snapshotter: None,
             ready_timeout: READY_TIMEOUT,
             external_subnet: None,
+            netns: None,
         }
     }
 }
@@ -135,6 +138,14 @@ impl ContainerdBuilder {
         self
     }
 
+    /// Run containerd inside the network namespace pinned at `path` (only
+    /// the network namespace is entered, see DESIGN.md): its pods' network
+    /// (bridge, veths, portmap rules) lives there, as on a node.
+    pub fn netns(mut self, path: impl Into<PathBuf>) -> Self {
+        self.netns = Some(path.into());
+        self
+    }
+
     /// Creates the run directory, config and CNI network, starts containerd,
     /// waits for RuntimeReady and NetworkReady and side-loads the default
     /// images. Sweeps stale runs of dead test processes first.
@@ -164,6 +175,7 @@ impl ContainerdBuilder {
             snapshotter,
             ready_timeout: self.ready_timeout,
             external_cni: external.is_some(),
+            netns: self.netns.clone(),
             record,
             child: None,
             cleaned: false,
@@ -202,6 +214,8 @@ pub struct Containerd {
     /// The CNI configuration is not ours (see
     /// [`ContainerdBuilder::external_cni`]).
     external_cni: bool,
+    /// The network namespace containerd runs in, if not the host's.
+    netns: Option<PathBuf>,
     /// None while stopped.
     child: Option<Child>,
     client: CriClient,
@@ -366,7 +380,17 @@ impl Containerd {
             .append(true)
             .open(&self.log_path)
             .with_context(|| format!("opening {}", self.log_path.display()))?;
-        let child = Command::new("containerd")
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", ns.display()))
+                    .arg("--")
+                    .arg("containerd");
+                c
+            }
+            None => Command::new("containerd"),
+        };
+        let child = command
             .arg("--config")
             .arg(&self.config_path)
             .stdin(Stdio::null())

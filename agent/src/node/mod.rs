@@ -204,6 +204,10 @@ impl NodeAgent {
             tasks.push(tokio::spawn(
                 net.run(self.pod_cidr.subscribe(), stop.clone()),
             ));
+            if self.config.pod_routes {
+                let routes = crate::network::routes::Routes::new(self.client.clone(), &name);
+                tasks.push(tokio::spawn(routes.run(stop.clone())));
+            }
         }
         let (uid_tx, uid_rx) = watch::channel(None);
         let heartbeat = lease::Heartbeat::new(

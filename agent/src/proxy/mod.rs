@@ -365,18 +365,16 @@ pub struct Status {
 }
 
 /// Run the proxy until `stop` resolves: sync what the watchers behind
-/// `stores` deliver (see [`source::Source`]), and serve health.
-///
-/// # Errors
-/// Only start-up failures (a health port that cannot be bound).
+/// `stores` deliver (see [`source::Source`]), and serve health. A health
+/// port that cannot be bound is logged; the proxy runs without it.
 pub async fn run(
     config: ProxyConfig,
     stores: source::Stores,
     mut pod_cidr: watch::Receiver<Option<String>>,
     stop: impl Future<Output = ()>,
-) -> Result<()> {
+) {
     let Some(mut backend) = Backend::new(config.mode, pod_cidr.borrow().clone()) else {
-        return Ok(());
+        return;
     };
     let other = match config.mode {
         Mode::Nftables => Mode::Iptables,
@@ -389,7 +387,11 @@ pub async fn run(
     let health = health::Health::new(status.clone());
     let servers = health
         .bind(config.healthz_bind_address, config.metrics_bind_address)
-        .await?;
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!("{e}; the proxy runs without it");
+            Vec::new()
+        });
     let (stop_tx, stop_rx) = watch::channel(false);
     for server in servers {
         let mut rx = stop_rx.clone();
@@ -507,5 +509,4 @@ pub async fn run(
     }
     let _ = stop_tx.send(true);
     tracing::info!("service proxy stopped; its rules stay in place");
-    Ok(())
 }

@@ -130,4 +130,38 @@ pub struct RunFlags {
     /// How often container logs are checked for rotation, e.g. 10s.
     #[arg(long)]
     pub container_log_monitor_interval: Option<String>,
+    /// Service proxy: nftables (default), iptables or none.
+    #[arg(long)]
+    pub proxy_mode: Option<String>,
+    /// Proxy changes closer together than this share one sync (100ms).
+    #[arg(long)]
+    pub proxy_min_sync_period: Option<String>,
+    /// How often the proxy rewrites all its rules (1h).
+    #[arg(long)]
+    pub proxy_sync_period: Option<String>,
+    /// The proxy's /healthz address (0.0.0.0:10256), or "none".
+    #[arg(long)]
+    pub proxy_healthz_bind_address: Option<String>,
+    /// The proxy's /metrics address (127.0.0.1:10249), or "none".
+    #[arg(long)]
+    pub proxy_metrics_bind_address: Option<String>,
+    /// Serve cluster DNS on the pod network's gateway when --cluster-dns
+    /// is not given (true).
+    #[arg(long)]
+    pub serve_cluster_dns: Option<bool>,
+    /// The node's resolv.conf, whose nameservers answer names outside the
+    /// cluster domain (/etc/resolv.conf).
+    #[arg(long)]
+    pub resolv_conf: Option<PathBuf>,
+    /// Route other nodes' pod CIDRs through their addresses (true; only
+    /// with --cni-conf-dir).
+    #[arg(long)]
+    pub pod_routes: Option<bool>,
+    /// The node's InternalIP (default: the address the default route uses).
+    #[arg(long)]
+    pub node_ip: Option<std::net::IpAddr>,
+    /// Remove the service proxy's rules (both modes) and exit, as
+    /// kube-proxy --cleanup.
+    #[arg(long)]
+    pub cleanup: bool,
 }

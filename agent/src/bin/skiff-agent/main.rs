@@ -16,6 +16,17 @@ fn main() -> Result<()> {
         .context("cannot start the async runtime")?;
     match cli.command {
         Some(cli::Command::Pods { address, output }) => rt.block_on(pods::run(&address, &output)),
+        None if cli.run.cleanup => {
+            init_logging();
+            rt.block_on(async {
+                use skiff_agent::proxy::{cleanup, Mode};
+                cleanup(&[Mode::Nftables, Mode::Iptables])
+                    .await
+                    .context("removing the service proxy's rules")
+            })?;
+            tracing::info!("service proxy rules removed");
+            Ok(())
+        }
         None => {
             init_logging();
             let config = effective_config(cli.run)?;
@@ -162,6 +173,35 @@ fn effective_config(f: cli::RunFlags) -> Result<Config> {
         &f.container_log_monitor_interval,
     )? {
         c.container_log_monitor_interval = v;
+    }
+    if let Some(v) = f.proxy_mode {
+        c.proxy_mode = v.parse().context("--proxy-mode")?;
+    }
+    if let Some(v) = dur("proxy-min-sync-period", &f.proxy_min_sync_period)? {
+        c.proxy_min_sync_period = v;
+    }
+    if let Some(v) = dur("proxy-sync-period", &f.proxy_sync_period)? {
+        c.proxy_sync_period = v;
+    }
+    if let Some(v) = f.proxy_healthz_bind_address {
+        c.proxy_healthz_bind_address = parse_optional_addr(&v)
+            .map_err(|e| anyhow::anyhow!("--proxy-healthz-bind-address: {e}"))?;
+    }
+    if let Some(v) = f.proxy_metrics_bind_address {
+        c.proxy_metrics_bind_address = parse_optional_addr(&v)
+            .map_err(|e| anyhow::anyhow!("--proxy-metrics-bind-address: {e}"))?;
+    }
+    if let Some(v) = f.serve_cluster_dns {
+        c.serve_cluster_dns = v;
+    }
+    if let Some(v) = f.resolv_conf {
+        c.resolv_conf = v;
+    }
+    if let Some(v) = f.pod_routes {
+        c.pod_routes = v;
+    }
+    if let Some(v) = f.node_ip {
+        c.node_ip = Some(v);
     }
     Ok(c)
 }

@@ -1,13 +1,16 @@
-//! The node's CNI configuration: a bridge over the node's pod CIDR with
-//! host-local IPAM and portmap, written into the runtime's CNI conf dir
-//! once the CIDR is known. containerd's CRI plugin watches that directory
-//! and reports NetworkReady=false until a configuration appears.
+//! The node's pod network: here the CNI configuration (a bridge over the
+//! node's pod CIDR with host-local IPAM and portmap, written into the
+//! runtime's CNI conf dir once the CIDR is known; containerd's CRI plugin
+//! watches that directory and reports NetworkReady=false until one
+//! appears), and in [`routes`] the routes to the other nodes' pods.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+pub mod routes;
 
 /// The file the agent owns in the CNI conf dir. `10-` sorts it before
 /// most distribution defaults, and containerd loads the first file.
@@ -76,6 +79,12 @@ pub fn conflist(s: &CniSettings) -> Result<String> {
         "{}\n",
         serde_json::to_string_pretty(&conf).unwrap_or_default()
     ))
+}
+
+/// The pod network's gateway on this node (the bridge's address): the
+/// first address of the pod CIDR.
+pub fn gateway(pod_cidr: &str) -> Option<IpAddr> {
+    parse_cidr(pod_cidr).ok().map(|(_, gw, _)| gw)
 }
 
 /// The canonical subnet (host bits cleared), its first address as the
