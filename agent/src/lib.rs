@@ -17,6 +17,8 @@
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
 //! - [`node`]: the Node object: facts, registration, status, Lease.
 //! - [`network`]: the CNI configuration for the node's pod CIDR.
+//! - [`dns`]: the cluster DNS server (cluster domain from the Service and
+//!   EndpointSlice stores, other names forwarded upstream).
 //! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
@@ -27,6 +29,7 @@ pub mod agent;
 pub mod apiclient;
 pub mod backoff;
 pub mod config;
+pub mod dns;
 pub mod events;
 pub mod lifecycle;
 pub mod logs;
