@@ -29,7 +29,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::Event;
 use rand::Rng;
-use skiff_agent::dns::{listen, DnsConfig, DnsServer};
+use skiff_agent::dns::{listen, DnsConfig, DnsServer, Error};
 use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
 
@@ -37,6 +37,7 @@ use tokio::sync::oneshot;
 /// more than a 1232-byte EDNS payload.
 const BIG: usize = 100;
 const WWW: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+const WEB_NAME: &str = "web.default.svc.cluster.local.";
 
 const WEB: &str = "
 metadata: {name: web, namespace: default}
@@ -146,7 +147,7 @@ fn bind_port_53() -> (Ipv4Addr, (UdpSocket, tokio::net::TcpListener)) {
         let ip = loopback_ip();
         match listen::bind(SocketAddr::new(IpAddr::V4(ip), 53)) {
             Ok(sockets) => return (ip, sockets),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) if e.source.kind() == std::io::ErrorKind::AddrInUse => continue,
             Err(e) => panic!("binding a fake upstream on {ip}:53 (needs root): {e}"),
         }
     }
@@ -240,6 +241,32 @@ impl Running {
         )
         .await
         .expect("bind the DNS server");
+        Running::serve(server)
+    }
+
+    /// Binds `config` where a server just stopped. The address can stay
+    /// taken for a moment: a process that a test beside this one forks
+    /// holds copies of all our sockets until it execs.
+    async fn restart(config: DnsConfig, stores: &Stores) -> Running {
+        for _ in 0..100 {
+            let bound = DnsServer::bind(
+                config.clone(),
+                stores.services.as_reader(),
+                stores.slices.as_reader(),
+            )
+            .await;
+            match bound {
+                Ok(server) => return Running::serve(server),
+                Err(Error::Bind(e)) if e.source.kind() == std::io::ErrorKind::AddrInUse => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("rebind the DNS server: {e}"),
+            }
+        }
+        panic!("{:?} stayed taken after the server stopped", config.listen)
+    }
+
+    fn serve(server: DnsServer) -> Running {
         let addr = server.local_addrs()[0];
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
@@ -264,6 +291,33 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// A fake upstream, a resolv.conf that names it, and the server under
+/// test reading it.
+struct Env {
+    upstream: FakeUpstream,
+    server: Running,
+    _dir: tempfile::TempDir,
+}
+
+impl Env {
+    async fn start(stores: &Stores) -> Env {
+        let upstream = FakeUpstream::start();
+        let dir = tempfile::tempdir().unwrap();
+        let resolv = dir.path().join("resolv.conf");
+        write_resolv_conf(&resolv, &[upstream.ip]);
+        let server = Running::start(config(resolv), stores).await;
+        Env {
+            upstream,
+            server,
+            _dir: dir,
+        }
+    }
+
+    async fn stop(self) {
+        self.server.stop().await;
     }
 }
 
@@ -315,6 +369,21 @@ async fn ask(addr: SocketAddr, transport: Transport, name: &str, qtype: RecordTy
         .into_message()
 }
 
+/// The A answer for `name` once it is NOERROR (after a change the server
+/// picks up in the background), polling for a bounded while.
+async fn answered_eventually(addr: SocketAddr, name: &str) -> Message {
+    let mut last = None;
+    for _ in 0..100 {
+        let answer = ask(addr, Transport::Udp, name, RecordType::A).await;
+        if answer.metadata.response_code == ResponseCode::NoError {
+            return answer;
+        }
+        last = Some(answer.metadata.response_code);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{name} still {last:?}")
+}
+
 fn addresses(message: &Message) -> Vec<String> {
     let mut v: Vec<String> = message
         .answers
@@ -331,28 +400,18 @@ fn addresses(message: &Message) -> Vec<String> {
 
 #[tokio::test]
 async fn cluster_names_from_the_stores_others_from_the_upstream() {
-    let upstream = FakeUpstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let resolv = dir.path().join("resolv.conf");
-    write_resolv_conf(&resolv, &[upstream.ip]);
     let stores = Stores::default_stores();
-    let server = Running::start(config(resolv), &stores).await;
+    let env = Env::start(&stores).await;
 
     for transport in [Transport::Udp, Transport::Tcp] {
-        let web = ask(
-            server.addr,
-            transport,
-            "web.default.svc.cluster.local.",
-            RecordType::A,
-        )
-        .await;
+        let web = ask(env.server.addr, transport, WEB_NAME, RecordType::A).await;
         assert_eq!(web.metadata.response_code, ResponseCode::NoError);
         assert!(web.metadata.authoritative);
         assert_eq!(addresses(&web), vec!["198.19.0.10"]);
         assert_eq!(web.answers[0].ttl, 5);
 
         let srv = ask(
-            server.addr,
+            env.server.addr,
             transport,
             "_http._tcp.web.default.svc.cluster.local.",
             RecordType::SRV,
@@ -366,7 +425,7 @@ async fn cluster_names_from_the_stores_others_from_the_upstream() {
         assert_eq!(srv.additionals.len(), 1, "the target's address rides along");
 
         let missing = ask(
-            server.addr,
+            env.server.addr,
             transport,
             "nope.default.svc.cluster.local.",
             RecordType::A,
@@ -375,22 +434,28 @@ async fn cluster_names_from_the_stores_others_from_the_upstream() {
         assert_eq!(missing.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(missing.authorities.len(), 1, "NXDOMAIN carries the SOA");
 
-        let nodata = ask(
-            server.addr,
-            transport,
-            "web.default.svc.cluster.local.",
-            RecordType::AAAA,
-        )
-        .await;
+        let nodata = ask(env.server.addr, transport, WEB_NAME, RecordType::AAAA).await;
         assert_eq!(nodata.metadata.response_code, ResponseCode::NoError);
         assert!(nodata.answers.is_empty());
 
-        let www = ask(server.addr, transport, "www.example.org.", RecordType::A).await;
+        let www = ask(
+            env.server.addr,
+            transport,
+            "www.example.org.",
+            RecordType::A,
+        )
+        .await;
         assert_eq!(www.metadata.response_code, ResponseCode::NoError);
         assert!(!www.metadata.authoritative);
         assert_eq!(addresses(&www), vec![WWW.to_string()]);
 
-        let unknown = ask(server.addr, transport, "nope.example.org.", RecordType::A).await;
+        let unknown = ask(
+            env.server.addr,
+            transport,
+            "nope.example.org.",
+            RecordType::A,
+        )
+        .await;
         assert_eq!(unknown.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(
             unknown.authorities.len(),
@@ -399,28 +464,24 @@ async fn cluster_names_from_the_stores_others_from_the_upstream() {
         );
     }
 
-    let asked = upstream.asked();
+    let asked = env.upstream.asked();
     assert!(asked.contains(&"www.example.org.".to_string()), "{asked:?}");
     assert!(
         !asked.iter().any(|n| n.ends_with("cluster.local.")),
         "cluster names must never be forwarded: {asked:?}"
     );
-    server.stop().await;
+    env.stop().await;
 }
 
 #[tokio::test]
 async fn big_answers_are_truncated_over_udp_and_whole_over_tcp() {
-    let upstream = FakeUpstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let resolv = dir.path().join("resolv.conf");
-    write_resolv_conf(&resolv, &[upstream.ip]);
     let stores = Stores::default_stores();
-    let server = Running::start(config(resolv), &stores).await;
+    let env = Env::start(&stores).await;
 
     // From the stores, and forwarded (which the server itself has to
     // fetch over TCP from the upstream, whose UDP answer is cut too).
     for name in ["big.default.svc.cluster.local.", "big.example.org."] {
-        let udp = ask(server.addr, Transport::Udp, name, RecordType::A).await;
+        let udp = ask(env.server.addr, Transport::Udp, name, RecordType::A).await;
         assert!(udp.metadata.truncation, "{name}: TC over UDP: {udp:?}");
         assert!(
             udp.answers.len() < BIG,
@@ -428,13 +489,13 @@ async fn big_answers_are_truncated_over_udp_and_whole_over_tcp() {
             udp.answers.len()
         );
 
-        let tcp = ask(server.addr, Transport::Tcp, name, RecordType::A).await;
+        let tcp = ask(env.server.addr, Transport::Tcp, name, RecordType::A).await;
         assert!(!tcp.metadata.truncation, "{name}: whole over TCP");
         assert_eq!(tcp.answers.len(), BIG, "{name}");
     }
 
     // Without EDNS a UDP answer stays within 512 bytes.
-    let mut plain = client(server.addr, Transport::Udp).await;
+    let mut plain = client(env.server.addr, Transport::Udp).await;
     plain.disable_edns();
     let small = plain
         .query(
@@ -450,7 +511,7 @@ async fn big_answers_are_truncated_over_udp_and_whole_over_tcp() {
         "{} answers",
         small.answers.len()
     );
-    server.stop().await;
+    env.stop().await;
 }
 
 #[tokio::test]
@@ -472,33 +533,12 @@ async fn servfail_when_no_upstream_answers_and_failover_when_one_does() {
     .await;
     assert_eq!(failed.metadata.response_code, ResponseCode::ServFail);
     // The cluster domain does not depend on the upstream.
-    let web = ask(
-        server.addr,
-        Transport::Udp,
-        "web.default.svc.cluster.local.",
-        RecordType::A,
-    )
-    .await;
+    let web = ask(server.addr, Transport::Udp, WEB_NAME, RecordType::A).await;
     assert_eq!(addresses(&web), vec!["198.19.0.10"]);
 
     // resolv.conf is re-read: the silent one first, then a live one.
     write_resolv_conf(&resolv, &[silent, upstream.ip]);
-    let mut answered = None;
-    for _ in 0..100 {
-        let www = ask(
-            server.addr,
-            Transport::Udp,
-            "www.example.org.",
-            RecordType::A,
-        )
-        .await;
-        if www.metadata.response_code == ResponseCode::NoError {
-            answered = Some(www);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let www = answered.expect("the live upstream answers after resolv.conf changed");
+    let www = answered_eventually(server.addr, "www.example.org.").await;
     assert_eq!(addresses(&www), vec![WWW.to_string()]);
     server.stop().await;
 }
@@ -520,40 +560,24 @@ async fn missing_resolv_conf_fails_forwarding_only() {
         www.metadata.recursion_available,
         "a recursive server, failing"
     );
-    let web = ask(
-        server.addr,
-        Transport::Tcp,
-        "web.default.svc.cluster.local.",
-        RecordType::A,
-    )
-    .await;
+    let web = ask(server.addr, Transport::Tcp, WEB_NAME, RecordType::A).await;
     assert_eq!(addresses(&web), vec!["198.19.0.10"]);
     server.stop().await;
 }
 
 #[tokio::test]
 async fn cluster_names_wait_for_the_stores_to_sync() {
-    let upstream = FakeUpstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let resolv = dir.path().join("resolv.conf");
-    write_resolv_conf(&resolv, &[upstream.ip]);
     let mut stores = stores(vec![yaml(WEB)], Vec::new(), false);
-    let server = Running::start(config(resolv), &stores).await;
+    let env = Env::start(&stores).await;
 
-    let early = ask(
-        server.addr,
-        Transport::Udp,
-        "web.default.svc.cluster.local.",
-        RecordType::A,
-    )
-    .await;
+    let early = ask(env.server.addr, Transport::Udp, WEB_NAME, RecordType::A).await;
     assert_eq!(
         early.metadata.response_code,
         ResponseCode::ServFail,
         "not NXDOMAIN before the first list"
     );
     let www = ask(
-        server.addr,
+        env.server.addr,
         Transport::Udp,
         "www.example.org.",
         RecordType::A,
@@ -562,71 +586,42 @@ async fn cluster_names_wait_for_the_stores_to_sync() {
     assert_eq!(addresses(&www), vec![WWW.to_string()]);
 
     stores.sync();
-    let mut synced = None;
-    for _ in 0..100 {
-        let web = ask(
-            server.addr,
-            Transport::Udp,
-            "web.default.svc.cluster.local.",
-            RecordType::A,
-        )
-        .await;
-        if web.metadata.response_code == ResponseCode::NoError {
-            synced = Some(web);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        addresses(&synced.expect("answered once synced")),
-        vec!["198.19.0.10"]
-    );
+    let web = answered_eventually(env.server.addr, WEB_NAME).await;
+    assert_eq!(addresses(&web), vec!["198.19.0.10"]);
 
     // And it follows the store: a deleted service is gone.
     stores
         .services
         .apply_watcher_event(&Event::Delete(yaml(WEB)));
-    let gone = ask(
-        server.addr,
-        Transport::Udp,
-        "web.default.svc.cluster.local.",
-        RecordType::A,
-    )
-    .await;
+    let gone = ask(env.server.addr, Transport::Udp, WEB_NAME, RecordType::A).await;
     assert_eq!(gone.metadata.response_code, ResponseCode::NXDomain);
-    server.stop().await;
+    env.stop().await;
 }
 
 #[tokio::test]
 async fn restarts_on_the_same_address() {
     let dir = tempfile::tempdir().unwrap();
     let stores = Stores::default_stores();
-    let first = Running::start(config(dir.path().join("absent")), &stores).await;
-    let addr = first.addr;
-    // A TCP connection, so the old listener leaves TIME_WAIT behind.
-    ask(
-        addr,
-        Transport::Tcp,
-        "web.default.svc.cluster.local.",
-        RecordType::A,
-    )
-    .await;
-    first.stop().await;
-
-    let again = DnsConfig {
+    // Port 53 of a random loopback address, not a free high port: clients
+    // in the tests beside this one bind random high ports on all addresses
+    // and could take it between the stop and the restart.
+    let (ip, probe) = bind_port_53();
+    drop(probe);
+    let addr = SocketAddr::new(IpAddr::V4(ip), 53);
+    let on = |addr| DnsConfig {
         listen: vec![addr],
         ..config(dir.path().join("absent"))
     };
-    let second = Running::start(again, &stores).await;
+    let first = Running::start(on(addr), &stores).await;
+    assert_eq!(first.addr, addr);
+    // A TCP connection, so the old listener leaves TIME_WAIT behind.
+    ask(addr, Transport::Tcp, WEB_NAME, RecordType::A).await;
+    first.stop().await;
+
+    let second = Running::restart(on(addr), &stores).await;
     assert_eq!(second.addr, addr);
     for transport in [Transport::Udp, Transport::Tcp] {
-        let web = ask(
-            addr,
-            transport,
-            "web.default.svc.cluster.local.",
-            RecordType::A,
-        )
-        .await;
+        let web = ask(addr, transport, WEB_NAME, RecordType::A).await;
         assert_eq!(addresses(&web), vec!["198.19.0.10"]);
     }
     second.stop().await;
@@ -691,13 +686,9 @@ fn lines(s: &str) -> Vec<&str> {
 
 #[tokio::test]
 async fn dig_sees_the_same() {
-    let upstream = FakeUpstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let resolv = dir.path().join("resolv.conf");
-    write_resolv_conf(&resolv, &[upstream.ip]);
     let stores = Stores::default_stores();
-    let server = Running::start(config(resolv), &stores).await;
-    let s = server.addr;
+    let env = Env::start(&stores).await;
+    let s = env.server.addr;
 
     for transport in ["+notcp", "+tcp"] {
         let short = dig(
@@ -729,11 +720,7 @@ async fn dig_sees_the_same() {
             "{transport}: {missing}"
         );
         let ptr = dig(s, &[transport, "+short", "-x", "198.19.0.10"]).await;
-        assert_eq!(
-            lines(&ptr),
-            vec!["web.default.svc.cluster.local."],
-            "{transport}"
-        );
+        assert_eq!(lines(&ptr), vec![WEB_NAME], "{transport}");
     }
 
     // UDP only: the TC flag and a cut answer.
@@ -750,5 +737,5 @@ async fn dig_sees_the_same() {
     // dig's default: retry over TCP on TC, and get it whole.
     let whole = dig(s, &["+short", "big.default.svc.cluster.local", "A"]).await;
     assert_eq!(lines(&whole).len(), BIG, "{whole}");
-    server.stop().await;
+    env.stop().await;
 }

@@ -84,12 +84,8 @@ pub enum Error {
     #[error("the DNS server has no listen address (set the pod CIDR's gateway address, port 53)")]
     NoListen,
     /// A listen socket could not be bound.
-    #[error("binding the DNS server to {addr}: {source} (is another DNS server on that port?)")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("DNS server: {0} (is another DNS server on that port?)")]
+    Bind(#[from] listen::Error),
     /// A listen socket failed while serving.
     #[error("the DNS server stopped: {0}")]
     Stopped(#[source] NetError),
@@ -127,8 +123,7 @@ impl DnsServer {
         let zone = Zone::new(&config.domain, services.clone(), slices.clone())?;
         let mut sockets = Vec::new();
         for &addr in &config.listen {
-            let pair = listen::bind(addr).map_err(|source| Error::Bind { addr, source })?;
-            sockets.push(pair);
+            sockets.push(listen::bind(addr)?);
         }
         let local_addrs: Vec<SocketAddr> = sockets
             .iter()
@@ -230,4 +225,17 @@ async fn wait_for_sync(
             tracing::warn!(%error, "cluster DNS: a store's writer went away before it synced; cluster names stay SERVFAIL");
         }
     }
+}
+
+/// Compile-only: the agent spawns the server.
+#[cfg(test)]
+#[allow(dead_code)]
+fn serve_is_send(services: Store<Service>, slices: Store<EndpointSlice>) {
+    fn spawnable<T: Send + 'static>(_: T) {}
+    spawnable(serve(
+        DnsConfig::default(),
+        services,
+        slices,
+        std::future::pending(),
+    ));
 }

@@ -295,30 +295,42 @@ impl Zone {
         let ip = net.addr();
         let mut targets = BTreeSet::new();
         for service in self.services.state() {
-            let (Some(ns), Some(svc)) = (&service.metadata.namespace, &service.metadata.name)
-            else {
-                continue;
-            };
-            match kind(&service) {
-                Kind::ClusterIp(ips) if ips.contains(&ip) => {
+            if let (Kind::ClusterIp(ips), Some(ns), Some(svc)) = (
+                kind(&service),
+                &service.metadata.namespace,
+                &service.metadata.name,
+            ) {
+                if ips.contains(&ip) {
                     targets.insert(self.service_name(ns, svc));
                 }
-                Kind::Headless => {
-                    let slices = self.slices_of(ns, svc);
-                    for ep in slices.iter().flat_map(|s| ready_endpoints(s)) {
-                        let Some(hostname) = &ep.hostname else {
-                            continue;
-                        };
-                        if addresses(ep).any(|a| a == ip) {
-                            if let Ok(t) =
-                                self.service_name(ns, svc).prepend_label(hostname.as_str())
-                            {
-                                targets.insert(t);
-                            }
-                        }
-                    }
+            }
+        }
+        for slice in self.slices.state() {
+            let (Some(ns), Some(svc)) = (
+                &slice.metadata.namespace,
+                slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL)),
+            ) else {
+                continue;
+            };
+            for ep in ready_endpoints(&slice) {
+                let Some(hostname) = ep.hostname.as_deref() else {
+                    continue;
+                };
+                if !addresses(ep).any(|a| a == ip) {
+                    continue;
                 }
-                _ => {}
+                let headless = self
+                    .get_service(ns, svc)
+                    .is_some_and(|s| matches!(kind(&s), Kind::Headless));
+                if let (true, Ok(target)) =
+                    (headless, self.service_name(ns, svc).prepend_label(hostname))
+                {
+                    targets.insert(target);
+                }
             }
         }
         if targets.is_empty() {
