@@ -16,9 +16,12 @@
 //!   down after them; configMaps and secrets read from the API.
 //! - [`backoff`]: CrashLoopBackOff / ImagePullBackOff delays.
 //! - [`node`]: the Node object: facts, registration, status, Lease.
-//! - [`network`]: the CNI configuration for the node's pod CIDR.
+//! - [`network`]: the pod network: the CNI configuration for the node's
+//!   pod CIDR, and routes to the other nodes' pod CIDRs.
 //! - [`proxy`]: the service proxy (kube-proxy's role), nftables or
 //!   iptables.
+//! - [`dns`]: the cluster DNS server (cluster domain from the Service and
+//!   EndpointSlice stores, other names forwarded upstream).
 //! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
@@ -29,6 +32,7 @@ pub mod agent;
 pub mod apiclient;
 pub mod backoff;
 pub mod config;
+pub mod dns;
 pub mod events;
 pub mod lifecycle;
 pub mod logs;
