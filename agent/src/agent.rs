@@ -134,6 +134,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         None => (Box::new(LogRecorder), Arc::new(LogRecorder)),
     };
     let prober = crate::prober::Prober::new(runtime.cri.clone(), probe_recorder, wake_tx.clone());
+    // Sender: the node agent, once the control plane assigned the CIDR.
+    let (pod_cidr_tx, pod_cidr) = watch::channel(config.pod_cidr.clone());
+    let serve_dns = client.is_some() && config.serve_cluster_dns && config.cluster_dns.is_empty();
     let shared = Arc::new(Shared {
         crash_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
         image_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
@@ -149,7 +152,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 .clone()
                 .map(|c| Arc::new(ObjectSource::new(c, OBJECT_TTL))),
         ),
-        served_dns: Default::default(),
+        served_dns: serve_dns.then(|| pod_cidr.clone()),
     });
     let health = Arc::new(Health::default());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -231,10 +234,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             facts.clone(),
             probe,
             Some(recorder),
-        );
-        let pod_cidr = node.pod_cidr();
+        )
+        .with_pod_cidr(pod_cidr_tx);
         node_task = Some(tokio::spawn(node.run(stopped())));
-        start_services(&config, c, pod_cidr, &shared, &stopped);
+        start_services(&config, c, pod_cidr, serve_dns, &stopped);
     }
 
     let (src_tx, src_rx) = mpsc::channel(16);
@@ -289,7 +292,7 @@ fn start_services<S, F>(
     config: &Config,
     client: &kube::Client,
     pod_cidr: watch::Receiver<Option<String>>,
-    shared: &Arc<Shared>,
+    serve_dns: bool,
     stopped: &S,
 ) where
     S: Fn() -> F,
@@ -314,7 +317,88 @@ fn start_services<S, F>(
             stopped(),
         ));
     }
-    let _ = (stores, pod_cidr, shared);
+    if serve_dns {
+        tokio::spawn(cluster_dns(config.clone(), stores, pod_cidr, stopped()));
+    }
+}
+
+/// Serve the cluster DNS on the pod CIDR's gateway (bound before the
+/// bridge has the address, which comes with the first pod), moving with
+/// the CIDR if it ever changes. Failures are logged and retried.
+async fn cluster_dns(
+    config: Config,
+    stores: crate::proxy::source::Stores,
+    mut pod_cidr: watch::Receiver<Option<String>>,
+    stop: impl Future<Output = ()>,
+) {
+    use crate::dns::{DnsConfig, DnsServer};
+    const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+    tokio::pin!(stop);
+    loop {
+        let gateway = pod_cidr
+            .borrow_and_update()
+            .as_deref()
+            .and_then(crate::network::gateway);
+        let mut failed = false;
+        if let Some(ip) = gateway {
+            let dns = DnsConfig {
+                listen: vec![std::net::SocketAddr::new(
+                    ip,
+                    crate::dns::upstream::DNS_PORT,
+                )],
+                domain: config.cluster_domain.clone(),
+                resolv_conf: config.resolv_conf.clone(),
+                ..DnsConfig::default()
+            };
+            match DnsServer::bind(dns, stores.services.clone(), stores.slices.clone()).await {
+                Ok(server) => {
+                    tracing::info!(address = %ip, domain = %config.cluster_domain, "cluster DNS serving");
+                    let (done, done_rx) = tokio::sync::oneshot::channel::<()>();
+                    let run = server.run(async {
+                        let _ = done_rx.await;
+                    });
+                    tokio::pin!(run);
+                    tokio::select! {
+                        () = &mut stop => {
+                            let _ = done.send(());
+                            let _ = run.await;
+                            return;
+                        }
+                        r = pod_cidr.changed() => {
+                            let _ = done.send(());
+                            let _ = run.await;
+                            if r.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        r = &mut run => {
+                            if let Err(e) = r {
+                                tracing::error!("cluster DNS on {ip} stopped: {e}; restarting in {RETRY:?}");
+                            }
+                            failed = true;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("cluster DNS on {ip}: {e}; retrying in {RETRY:?}");
+                    failed = true;
+                }
+            }
+        }
+        let retry = async {
+            if failed {
+                tokio::time::sleep(RETRY).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::select! {
+            () = &mut stop => return,
+            r = pod_cidr.changed() => if r.is_err() { return },
+            () = retry => {}
+        }
+    }
 }
 
 /// Forward the file source's snapshots to the pod manager, keeping the

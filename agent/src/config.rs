@@ -311,7 +311,10 @@ impl FileConfig {
         if let Some(mode) = self.proxy_mode {
             c.proxy_mode = mode.parse().map_err(|e| format!("proxyMode: {e}"))?;
         }
-        set!(proxy_min_sync_period, self.proxy_min_sync_period.map(|d| d.0));
+        set!(
+            proxy_min_sync_period,
+            self.proxy_min_sync_period.map(|d| d.0)
+        );
         set!(proxy_sync_period, self.proxy_sync_period.map(|d| d.0));
         if let Some(addr) = self.proxy_healthz_bind_address {
             c.proxy_healthz_bind_address = parse_optional_addr(&addr)?;

@@ -43,23 +43,27 @@ pub struct Shared {
     pub prober: crate::prober::Prober,
     /// The pods' volumes, and the API objects they and env project.
     pub volumes: crate::volumes::VolumeManager,
-    /// The cluster DNS the agent serves itself (the pod network's gateway
-    /// once the pod CIDR is known), used when `--cluster-dns` is unset.
-    /// Writer: the agent's wiring; readers: sandbox creation.
-    pub served_dns: std::sync::RwLock<Vec<String>>,
+    /// Set when the agent serves the cluster DNS itself, on the pod
+    /// network's gateway: the node's pod CIDR (sender: the node agent).
+    pub served_dns: Option<tokio::sync::watch::Receiver<Option<String>>>,
 }
 
 impl Shared {
     /// The nameservers of ClusterFirst pods: `--cluster-dns`, else the
-    /// agent's own DNS server once it listens.
+    /// agent's own DNS server on the pod CIDR's gateway (known before any
+    /// pod can have a network: the CNI configuration needs the CIDR too).
     pub fn cluster_dns(&self) -> Vec<String> {
         if !self.config.cluster_dns.is_empty() {
             return self.config.cluster_dns.clone();
         }
-        self.served_dns
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let Some(cidr) = &self.served_dns else {
+            return Vec::new();
+        };
+        let cidr = cidr.borrow().clone();
+        cidr.as_deref()
+            .and_then(crate::network::gateway)
+            .map(|ip| vec![ip.to_string()])
+            .unwrap_or_default()
     }
 }
 

@@ -198,12 +198,13 @@ impl Cluster {
         let namespaces = (0..nodes)
             .map(|i| cluster.lan.add_node(i as u8 + 1))
             .collect::<Result<Vec<_>>>()?;
-        let runtimes = futures::future::try_join_all(namespaces.iter().enumerate().map(|(i, ns)| {
-            Containerd::builder()
-                .external_cni(block.0 + i as u8)
-                .netns(ns.path())
-                .start()
-        }));
+        let runtimes =
+            futures::future::try_join_all(namespaces.iter().enumerate().map(|(i, ns)| {
+                Containerd::builder()
+                    .external_cni(block.0 + i as u8)
+                    .netns(ns.path())
+                    .start()
+            }));
         let runtimes = runtimes.await.context("starting the nodes' containerds")?;
         cluster
             .server
@@ -244,7 +245,12 @@ impl Cluster {
 
     /// Creates the node's directories and kubeconfig and starts its agent
     /// in the node's namespace.
-    fn spawn_node(&mut self, containerd: Containerd, ns: NodeNs, opts: NodeOptions) -> Result<String> {
+    fn spawn_node(
+        &mut self,
+        containerd: Containerd,
+        ns: NodeNs,
+        opts: NodeOptions,
+    ) -> Result<String> {
         let name = format!("node-{}", self.nodes.len() + 1);
         let dir = self.dir.join(&name);
         for sub in ["root", "logs", "manifests"] {
@@ -260,10 +266,7 @@ impl Cluster {
         // Names outside the cluster go to the host's LAN address, where a
         // test may serve them (nothing answers otherwise): never further.
         let resolv_conf = dir.join("resolv.conf");
-        std::fs::write(
-            &resolv_conf,
-            format!("nameserver {}\n", self.lan.gateway()),
-        )?;
+        std::fs::write(&resolv_conf, format!("nameserver {}\n", self.lan.gateway()))?;
         let o = &self.options;
         let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
@@ -746,6 +749,14 @@ impl Node {
     /// The binary cannot be started.
     pub fn start_agent(&mut self) -> Result<()> {
         self.agent.spawn()
+    }
+
+    /// Sets `--flag=value` for the agent's next start (replacing an
+    /// earlier value of the flag).
+    pub fn set_agent_flag(&mut self, flag: &str, value: &str) {
+        let prefix = format!("--{flag}=");
+        self.agent.args.retain(|a| !a.starts_with(&prefix));
+        self.agent.args.push(format!("{prefix}{value}"));
     }
 
     /// Whether the agent process runs.

@@ -99,7 +99,13 @@ impl Lan {
         };
         let make = || -> Result<()> {
             ip(&["link", "add", &lan.bridge, "type", "bridge"])?;
-            ip(&["addr", "add", &format!("{}/24", lan.gateway()), "dev", &lan.bridge])?;
+            ip(&[
+                "addr",
+                "add",
+                &format!("{}/24", lan.gateway()),
+                "dev",
+                &lan.bridge,
+            ])?;
             ip(&["link", "set", &lan.bridge, "up"])?;
             Ok(())
         };
@@ -142,7 +148,13 @@ impl Lan {
             node.ip(&["addr", "add", &format!("{}/24", node.ip), "dev", "eth0"])?;
             node.ip(&["link", "set", "eth0", "up"])?;
             node.ip(&[
-                "route", "add", SERVICE_RANGE, "dev", "eth0", "src", &node.ip.to_string(),
+                "route",
+                "add",
+                SERVICE_RANGE,
+                "dev",
+                "eth0",
+                "src",
+                &node.ip.to_string(),
             ])?;
             Ok(())
         };

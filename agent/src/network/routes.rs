@@ -131,14 +131,19 @@ impl Routes {
         let (conn, handle, _) = match rtnetlink::new_connection() {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!("{}; pod routes to other nodes are not managed", Error::Socket(e));
+                tracing::error!(
+                    "{}; pod routes to other nodes are not managed",
+                    Error::Socket(e)
+                );
                 return;
             }
         };
         let conn = tokio::spawn(conn);
         // Forwarding between the pod bridge and the node's link.
         if let Err(e) = std::fs::write("/proc/sys/net/ipv4/ip_forward", "1") {
-            tracing::warn!("cannot enable IPv4 forwarding: {e}; pods on other nodes may be unreachable");
+            tracing::warn!(
+                "cannot enable IPv4 forwarding: {e}; pods on other nodes may be unreachable"
+            );
         }
         let (store, writer): (Store<Node>, _) = reflector::store();
         let events = reflector::reflector(
@@ -176,13 +181,21 @@ impl Routes {
             match reconcile(&handle, &want).await {
                 Ok(changed) => {
                     if changed > 0 {
-                        tracing::info!(routes = want.len(), changed, "pod routes to other nodes updated");
+                        tracing::info!(
+                            routes = want.len(),
+                            changed,
+                            "pod routes to other nodes updated"
+                        );
                     }
                     last_error.clear();
                     applied = want;
                 }
                 Err(errors) => {
-                    let msg = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+                    let msg = errors
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ");
                     if msg != last_error {
                         tracing::error!("pod routes: {msg}");
                     }
@@ -311,7 +324,10 @@ mod tests {
         assert_eq!(*cidr, (Ipv4Addr::new(198, 18, 1, 0), 24));
         assert_eq!(via.gateway, Ipv4Addr::new(198, 18, 250, 3));
         assert_eq!(via.node, "b");
-        assert_eq!(parse_cidr("198.18.1.7/24"), Some((Ipv4Addr::new(198, 18, 1, 0), 24)));
+        assert_eq!(
+            parse_cidr("198.18.1.7/24"),
+            Some((Ipv4Addr::new(198, 18, 1, 0), 24))
+        );
         assert_eq!(parse_cidr("198.18.1.7/33"), None);
     }
 }

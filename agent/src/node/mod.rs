@@ -190,6 +190,14 @@ impl NodeAgent {
         self.pod_cidr.subscribe()
     }
 
+    /// Publish the pod CIDR on a channel made earlier (whose receivers
+    /// were handed out before the node agent existed).
+    pub fn with_pod_cidr(mut self, sender: watch::Sender<Option<String>>) -> NodeAgent {
+        sender.send_replace(self.config.pod_cidr.clone());
+        self.pod_cidr = sender;
+        self
+    }
+
     /// Run until `shutdown` resolves, then stop every loop. The Node and
     /// Lease stay as they are: the node lifecycle controller notices the
     /// missing heartbeat.
