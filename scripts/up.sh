@@ -3,8 +3,9 @@
 # missing, builds skiff, starts a containerd configured for it (its own
 # socket and state, so a system containerd is left alone), side-loads the
 # demo images, starts the control plane (API server, scheduler, controllers)
-# and the node agent joined to it, and runs a demo static pod and a demo
-# Deployment. Safe to re-run: running pieces are kept (the agent re-adopts
+# and the node agent joined to it (with its service proxy on nftables and
+# the cluster DNS), and runs a demo static pod and a demo Deployment behind
+# a Service. Safe to re-run: running pieces are kept (the agent re-adopts
 # its pods).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -130,10 +131,23 @@ spec:
         imagePullPolicy: IfNotPresent
         command: [sh, -c, 'mkdir -p /www && echo "hello from $HOSTNAME" > /www/index.html && exec httpd -f -p 8080 -h /www']
         ports: [{containerPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: hello
+spec:
+  type: NodePort
+  selector: {app: hello}
+  ports: [{port: 80, targetPort: 8080, nodePort: 30080}]
 YAML
 kubectl rollout status deployment/hello --timeout=120s
-kubectl get pods -o wide
+kubectl get pods,services -o wide
+CLUSTER_IP=$(kubectl get service hello -o jsonpath='{.spec.clusterIP}')
+echo "== the hello Service through the proxy (http://$CLUSTER_IP/)"
+for _ in $(seq 60); do curl -fsS --max-time 2 "http://$CLUSTER_IP/" && break; sleep 0.5; done
 echo
 echo "skiff is up. Logs: /var/log/skiff/. Point kubectl at the control plane:"
 echo "  export KUBECONFIG=$STATE/server/admin.kubeconfig"
 echo "  kubectl get pods -o wide"
+echo "  curl http://$CLUSTER_IP/                 # the hello Service (NodePort 30080 on the node's addresses)"

@@ -190,6 +190,32 @@ async fn serve(lasts: &[u8]) {
     }
 }
 
+/// UDP responders on 198.18.0.`last`:5353 answering with their address.
+async fn serve_udp(lasts: &[u8]) {
+    for l in lasts {
+        let addr = SocketAddr::from(([198, 18, 0, *l], 5353));
+        let sock = tokio::net::UdpSocket::bind(addr).await.unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            while let Ok((_, from)) = sock.recv_from(&mut buf).await {
+                let _ = sock.send_to(addr.ip().to_string().as_bytes(), from).await;
+            }
+        });
+    }
+}
+
+/// Which endpoint answers a datagram to `ip`:53.
+async fn hit_udp(ip: [u8; 4]) -> Option<String> {
+    let sock = tokio::net::UdpSocket::bind("0.0.0.0:0").await.ok()?;
+    sock.send_to(b"?", SocketAddr::from((ip, 53))).await.ok()?;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(2), sock.recv(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
 /// Which endpoint answered, or the connect error's kind.
 async fn hit(ip: [u8; 4]) -> Result<String, std::io::ErrorKind> {
     let connect = tokio::net::TcpStream::connect(SocketAddr::from((ip, 80)));
@@ -380,10 +406,21 @@ fn exercise(mode: Mode) {
     ]);
     let before = ruleset(&ns);
 
-    let a = port("a", [198, 19, 0, 1]);
+    let mut a = port("a", [198, 19, 0, 1]);
+    a.external_ips = vec![Ipv4Addr::new(198, 19, 9, 9)];
     let b = port("b", [198, 19, 0, 2]);
     let mut c = port("c", [198, 19, 0, 3]);
     c.affinity_timeout = Some(60);
+    let mut d = port("d", [198, 19, 0, 4]);
+    d.name.protocol = Protocol::Udp;
+    d.port = 53;
+    let udp_targets = || {
+        let mut t = targets(&[10, 11]);
+        for e in t.cluster.iter_mut().chain(t.local.iter_mut()) {
+            e.port = 5353;
+        }
+        t
+    };
     let listing = |ns: &Netns| match mode {
         Mode::Nftables => format!("{:?}", nft_table(ns)),
         _ => format!("{:?}", ipt_rules(ns)),

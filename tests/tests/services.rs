@@ -11,6 +11,9 @@
 //!   at once; a pod reaches itself through its own service (hairpin);
 //! - a pod resolves a service name and a headless name, with the
 //!   kubelet's resolv.conf;
+//! - traffic policies Local: a node port answers only on nodes with
+//!   endpoints, a ClusterIP only for clients on such nodes;
+//! - the proxy's /healthz and /metrics answer;
 //! - a pod that turns unready stops receiving new connections;
 //! - an agent restart keeps an established connection;
 //!
@@ -37,7 +40,7 @@ apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
-  labels: {{app: web, name: {name}}}
+  labels: {{app: web, name: {name}, node: {node}}}
 spec:
   nodeName: {node}
   terminationGracePeriodSeconds: 1
@@ -123,6 +126,23 @@ kind: Service
 metadata: {{name: web-2-self}}
 spec:
   selector: {{name: web-2}}
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web-local}}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  selector: {{app: web, node: node-2}}
+  ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web-itp}}
+spec:
+  internalTrafficPolicy: Local
+  selector: {{app: web, node: node-2}}
   ports: [{{port: 80, targetPort: 8080}}]
 ---
 apiVersion: v1
@@ -245,6 +265,66 @@ async fn scenario(cluster: &mut Cluster, mode: &str) -> Result<()> {
         .await?;
         ensure!(all.contains(&body), "node port {node}: {body:?}");
     }
+
+    // externalTrafficPolicy Local: only node-2 has endpoints.
+    let ip1 = cluster.node("node-1").context("node-1")?.ip();
+    let ip2 = cluster.node("node-2").context("node-2")?.ip();
+    let local = http_get(&format!("{ip2}:30081")).await?;
+    ensure!(
+        ["web-2", "web-3"].contains(&local.as_str()),
+        "[{mode}] eTP Local on node-2: {local:?}"
+    );
+    ensure!(
+        http_get(&format!("{ip1}:30081")).await.is_err(),
+        "[{mode}] eTP Local answered on node-1, which has no endpoint"
+    );
+    // internalTrafficPolicy Local: node-1's client has no local endpoint.
+    let from1 = answers(cluster, "client", "http://web-itp/", 1).await?;
+    ensure!(
+        from1 == ["FAILED"],
+        "[{mode}] iTP Local from node-1: {from1:?}"
+    );
+    let from2 = sh(cluster, "web-2", "timeout 5 wget -q -O - http://web-itp/").await?;
+    ensure!(
+        ["web-2", "web-3"].contains(&from2.trim()),
+        "[{mode}] iTP Local from node-2: {from2:?}"
+    );
+
+    // The proxy's health and metrics endpoints.
+    let health = reqwest::get(format!("http://{ip1}:10256/healthz")).await?;
+    ensure!(
+        health.status() == 200,
+        "[{mode}] /healthz: {}",
+        health.status()
+    );
+    let body = health.text().await?;
+    ensure!(
+        body.contains("lastUpdated"),
+        "[{mode}] /healthz body: {body}"
+    );
+    let metrics = cluster
+        .node("node-1")
+        .context("node-1")?
+        .netns()
+        .tokio_command("busybox")
+        .args([
+            "timeout",
+            "5",
+            "busybox",
+            "wget",
+            "-q",
+            "-O",
+            "-",
+            "http://127.0.0.1:10249/metrics",
+        ])
+        .output()
+        .await?;
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    ensure!(
+        metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_count")
+            && metrics.contains("skiff_proxy_rules_programmed"),
+        "[{mode}] /metrics: {metrics}"
+    );
 
     // Session affinity: one client, one backend.
     let sticky = answers(cluster, "client", "http://web-sticky/", 20).await?;
