@@ -476,6 +476,34 @@ mod tests {
     }
 
     #[test]
+    fn proxy_dns_and_network_settings() {
+        let f: FileConfig = serde_yaml::from_str(
+            "proxyMode: iptables\nproxyMinSyncPeriod: 1s\nproxyHealthzBindAddress: none\nproxyMetricsBindAddress: 0.0.0.0:9249\nserveClusterDNS: false\nresolvConf: /run/resolv.conf\npodRoutes: false\nnodeIP: 198.18.0.9\n",
+        )
+        .unwrap();
+        let mut c = Config::default();
+        assert_eq!(c.proxy_mode, crate::proxy::Mode::Nftables);
+        assert_eq!(
+            c.proxy_healthz_bind_address,
+            Some(SocketAddr::from(([0, 0, 0, 0], 10256)))
+        );
+        f.apply(&mut c).unwrap();
+        assert_eq!(c.proxy_mode, crate::proxy::Mode::Iptables);
+        assert_eq!(c.proxy_min_sync_period, Duration::from_secs(1));
+        assert_eq!(c.proxy_healthz_bind_address, None);
+        assert_eq!(
+            c.proxy_metrics_bind_address,
+            Some(SocketAddr::from(([0, 0, 0, 0], 9249)))
+        );
+        assert!(!c.serve_cluster_dns && !c.pod_routes);
+        assert_eq!(c.resolv_conf, Path::new("/run/resolv.conf"));
+        assert_eq!(c.node_ip, Some("198.18.0.9".parse().unwrap()));
+        let bad: FileConfig = serde_yaml::from_str("proxyMode: ipvs").unwrap();
+        let err = bad.apply(&mut Config::default()).unwrap_err();
+        assert!(err.contains("nftables, iptables or none"), "{err}");
+    }
+
+    #[test]
     fn container_log_rotation_settings() {
         let f: FileConfig = serde_yaml::from_str(
             "containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 1s\n",
