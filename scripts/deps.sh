@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(containerd runc containernetworking-plugins nftables iptables iproute2
-          busybox-static etcd-server etcd-client protobuf-compiler gcc libc6-dev ca-certificates curl
+          busybox-static etcd-server etcd-client protobuf-compiler gcc libc6-dev ca-certificates curl conntrack
           bind9-dnsutils)
 
 missing=()

@@ -21,7 +21,7 @@ use std::time::Duration;
 use skiff_agent::proxy::model::{
     Endpoint, Policy, Protocol, ServicePort, ServicePortName, Targets,
 };
-use skiff_agent::proxy::{cleanup, Backend, Change, Mode};
+use skiff_agent::proxy::{cleanup, conntrack, Backend, Change, Mode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CIDR: &str = "198.18.0.0/24";
@@ -197,8 +197,13 @@ async fn serve_udp(lasts: &[u8]) {
         let sock = tokio::net::UdpSocket::bind(addr).await.unwrap();
         tokio::spawn(async move {
             let mut buf = [0u8; 64];
-            while let Ok((_, from)) = sock.recv_from(&mut buf).await {
-                let _ = sock.send_to(addr.ip().to_string().as_bytes(), from).await;
+            loop {
+                match sock.recv_from(&mut buf).await {
+                    Ok((_, from)) => {
+                        let _ = sock.send_to(addr.ip().to_string().as_bytes(), from).await;
+                    }
+                    Err(e) => panic!("UDP server {addr}: {e}"),
+                }
             }
         });
     }
@@ -214,6 +219,17 @@ async fn hit_udp(ip: [u8; 4]) -> Option<String> {
         .ok()?
         .ok()?;
     Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Ask the UDP service once more from the same local port.
+async fn ask_udp(flow: &tokio::net::UdpSocket) -> String {
+    flow.send_to(b"?", "198.19.0.4:53").await.unwrap();
+    let mut buf = [0u8; 64];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(2), flow.recv_from(&mut buf))
+        .await
+        .expect("UDP answer")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 /// Which endpoint answered, or the connect error's kind.
@@ -428,6 +444,7 @@ fn exercise(mode: Mode) {
 
     let after_partial = ns.run(|| async {
         serve(&[10, 11, 12]).await;
+        serve_udp(&[10, 11]).await;
         let mut backend = Backend::new(mode, Some(CIDR.into())).unwrap();
         backend
             .full_sync(
@@ -435,6 +452,7 @@ fn exercise(mode: Mode) {
                     (a.clone(), targets(&[10, 11])),
                     (b.clone(), targets(&[])),
                     (c.clone(), targets(&[10, 11, 12])),
+                    (d.clone(), udp_targets()),
                 ],
                 false,
             )
@@ -443,6 +461,18 @@ fn exercise(mode: Mode) {
         let seen = spread([198, 19, 0, 1], 60).await;
         assert_eq!(seen.len(), 2, "balanced over both endpoints: {seen:?}");
         assert!(seen.values().all(|n| *n >= 10), "roughly even: {seen:?}");
+        let external = hit([198, 19, 9, 9]).await;
+        assert!(
+            external
+                .as_deref()
+                .is_ok_and(|e| e.starts_with("198.18.0.1")),
+            "external IP: {external:?}"
+        );
+        let mut udp = BTreeSet::new();
+        for _ in 0..30 {
+            udp.insert(hit_udp([198, 19, 0, 4]).await.expect("UDP service answers"));
+        }
+        assert_eq!(udp.len(), 2, "UDP balanced over both endpoints: {udp:?}");
         assert_eq!(
             hit([198, 19, 0, 2]).await,
             Err(std::io::ErrorKind::ConnectionRefused),
@@ -454,6 +484,34 @@ fn exercise(mode: Mode) {
             1,
             "session affinity pins the client: {pinned:?}"
         );
+
+        // A UDP flow DNATed to an endpoint that goes away moves to one
+        // that remains once its conntrack entry is cleared.
+        let mut udp_flows = conntrack::Tracker::default();
+        let initial = vec![(d.clone(), udp_targets())];
+        assert!(
+            udp_flows.replaced(&initial).is_empty(),
+            "nothing flushed at start"
+        );
+        // One local port: one flow (unconnected, as the answer comes from
+        // the endpoint's address when the reverse NAT is skipped).
+        let flow = tokio::net::UdpSocket::bind("0.0.0.0:0").await.unwrap();
+        let first = ask_udp(&flow).await;
+        let keep: u8 = if first == "198.18.0.10" { 11 } else { 10 };
+        let mut only = udp_targets();
+        only.cluster.retain(|e| e.ip.octets()[3] == keep);
+        only.local.retain(|e| e.ip.octets()[3] == keep);
+        let moved = [change(&d, only.clone())];
+        backend.partial_sync(&moved).await.expect("partial sync");
+        conntrack::apply(&udp_flows.changed(&moved)).await;
+        assert_eq!(
+            ask_udp(&flow).await,
+            format!("198.18.0.{keep}"),
+            "the flow moved"
+        );
+        let back = [change(&d, udp_targets())];
+        backend.partial_sync(&back).await.expect("partial sync");
+        conntrack::apply(&udp_flows.changed(&back)).await;
 
         // An established connection survives a full resync.
         let mut held = tokio::net::TcpStream::connect("198.19.0.1:80")
@@ -488,6 +546,7 @@ fn exercise(mode: Mode) {
                     (a.clone(), targets(&[10, 11, 12])),
                     (b.clone(), targets(&[12])),
                     (c.clone(), targets(&[12])),
+                    (d.clone(), udp_targets()),
                 ],
                 false,
             )

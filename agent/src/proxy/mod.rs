@@ -13,6 +13,7 @@
 //!   costs one or two map elements.
 //! - [`nftables`] and [`iptables`]: the two proxiers, each turning
 //!   changes into one transaction of its tool.
+//! - [`conntrack`]: stale UDP conntrack entries, cleared after a sync.
 //! - [`exec`]: running `nft` / `iptables-restore`.
 //! - [`health`]: `/healthz` and `/metrics` on kube-proxy's ports.
 //!
@@ -21,6 +22,7 @@
 //! previous run left), then applies changes as they come, at most once
 //! per `min_sync_period`, with a periodic repairing full sync.
 
+pub mod conntrack;
 pub mod exec;
 pub mod health;
 pub mod iptables;
@@ -408,6 +410,7 @@ pub async fn run(
     let mut next_full = Instant::now() + config.sync_period;
     let mut retry = Duration::ZERO;
     let mut failing = false;
+    let mut udp = conntrack::Tracker::default();
     loop {
         let wait_retry = async {
             if failing {
@@ -455,6 +458,9 @@ pub async fn run(
             };
             next_full = Instant::now() + config.sync_period;
             let r = backend.full_sync(&all, repair).await;
+            if r.is_ok() {
+                conntrack::apply(&udp.replaced(&all)).await;
+            }
             if let Ok(s) = &r {
                 tracing::info!(
                     services,
@@ -477,7 +483,11 @@ pub async fn run(
                     .oldest_pending = None;
                 continue;
             }
-            backend.partial_sync(&changes).await
+            let r = backend.partial_sync(&changes).await;
+            if r.is_ok() {
+                conntrack::apply(&udp.changed(&changes)).await;
+            }
+            r
         };
         last_sync = Some(Instant::now());
         let m = crate::metrics::metrics();
