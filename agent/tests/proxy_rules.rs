@@ -18,9 +18,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use skiff_agent::proxy::model::{
-    Endpoint, Policy, Protocol, ServicePort, ServicePortName, Targets,
-};
+use skiff_agent::proxy::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
 use skiff_agent::proxy::{cleanup, conntrack, Backend, Change, Mode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -121,40 +119,18 @@ fn sweep_stale() {
 }
 
 fn port(name: &str, ip: [u8; 4]) -> ServicePort {
-    ServicePort {
-        name: ServicePortName {
-            namespace: "default".into(),
-            name: name.into(),
-            port: "http".into(),
-            protocol: Protocol::Tcp,
-        },
-        cluster_ip: Ipv4Addr::from(ip),
-        port: 80,
-        node_port: 0,
-        external_ips: Vec::new(),
-        affinity_timeout: None,
-        internal_policy: Policy::Cluster,
-        external_policy: Policy::Cluster,
-    }
+    let name = ServicePortName::new("default", name, "http", Protocol::Tcp);
+    ServicePort::cluster_ip(name, Ipv4Addr::from(ip), 80)
 }
 
+/// Endpoints 198.18.0.`last`:8080, all on this node.
 fn targets(lasts: &[u8]) -> Targets {
-    let cluster: Vec<Endpoint> = lasts
-        .iter()
-        .map(|l| Endpoint {
-            ip: Ipv4Addr::new(198, 18, 0, *l),
-            port: 8080,
-            local: true,
-            ready: true,
-            serving: true,
-            terminating: false,
-        })
-        .collect();
-    Targets {
-        any: !cluster.is_empty(),
-        local: cluster.clone(),
-        cluster,
-    }
+    Targets::of(
+        lasts
+            .iter()
+            .map(|l| Endpoint::ready(Ipv4Addr::new(198, 18, 0, *l), 8080, true))
+            .collect(),
+    )
 }
 
 fn change(p: &ServicePort, t: Targets) -> Change {
@@ -225,7 +201,7 @@ async fn hit_udp(ip: [u8; 4]) -> Option<String> {
 async fn ask_udp(flow: &tokio::net::UdpSocket) -> String {
     flow.send_to(b"?", "198.19.0.4:53").await.unwrap();
     let mut buf = [0u8; 64];
-    let (n, from) = tokio::time::timeout(Duration::from_secs(2), flow.recv_from(&mut buf))
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), flow.recv_from(&mut buf))
         .await
         .expect("UDP answer")
         .unwrap();

@@ -195,6 +195,21 @@ async fn http_get(addr: &str) -> Result<String> {
     Ok(body.trim().to_string())
 }
 
+/// `url` fetched from inside a node's network namespace (the host's
+/// busybox: nothing of the node but its network).
+async fn node_get(cluster: &Cluster, node: &str, url: &str) -> Result<String> {
+    let out = cluster
+        .node(node)
+        .context("no such node")?
+        .netns()
+        .tokio_command("busybox")
+        .args(["timeout", "5", "busybox", "wget", "-q", "-O", "-", url])
+        .output()
+        .await?;
+    ensure!(out.status.success(), "{url} from {node}: {out:?}");
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 /// The scenario that must hold in every proxy mode.
 async fn scenario(cluster: &mut Cluster, mode: &str) -> Result<()> {
     let client = cluster.client().await?;
@@ -234,27 +249,8 @@ async fn scenario(cluster: &mut Cluster, mode: &str) -> Result<()> {
         short.iter().all(|a| all.contains(a)),
         "short name: {short:?}"
     );
-    let node2 = cluster.node("node-2").context("node-2")?;
-    let out = node2
-        .netns()
-        .tokio_command("busybox")
-        .args([
-            "timeout",
-            "5",
-            "busybox",
-            "wget",
-            "-q",
-            "-O",
-            "-",
-            &format!("http://{cluster_ip}/"),
-        ])
-        .output()
-        .await?;
-    let body = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    ensure!(
-        all.contains(&body),
-        "node-2 to the ClusterIP: {body:?} {out:?}"
-    );
+    let body = node_get(cluster, "node-2", &format!("http://{cluster_ip}/")).await?;
+    ensure!(all.contains(&body), "node-2 to the ClusterIP: {body:?}");
 
     // Node ports from the host, on both nodes.
     for node in ["node-1", "node-2"] {
@@ -302,24 +298,7 @@ async fn scenario(cluster: &mut Cluster, mode: &str) -> Result<()> {
         body.contains("lastUpdated"),
         "[{mode}] /healthz body: {body}"
     );
-    let metrics = cluster
-        .node("node-1")
-        .context("node-1")?
-        .netns()
-        .tokio_command("busybox")
-        .args([
-            "timeout",
-            "5",
-            "busybox",
-            "wget",
-            "-q",
-            "-O",
-            "-",
-            "http://127.0.0.1:10249/metrics",
-        ])
-        .output()
-        .await?;
-    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    let metrics = node_get(cluster, "node-1", "http://127.0.0.1:10249/metrics").await?;
     ensure!(
         metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_count")
             && metrics.contains("skiff_proxy_rules_programmed"),

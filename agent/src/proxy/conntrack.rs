@@ -175,40 +175,15 @@ pub async fn apply(flushes: &BTreeSet<Flush>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::model::Policy;
 
     fn dns(eps: &[u8]) -> (ServicePort, Targets) {
-        let svc = ServicePort {
-            name: ServicePortName {
-                namespace: "kube-system".into(),
-                name: "dns".into(),
-                port: "dns".into(),
-                protocol: Protocol::Udp,
-            },
-            cluster_ip: Ipv4Addr::new(198, 19, 0, 10),
-            port: 53,
-            node_port: 0,
-            external_ips: Vec::new(),
-            affinity_timeout: None,
-            internal_policy: Policy::Cluster,
-            external_policy: Policy::Cluster,
-        };
-        let cluster: Vec<Endpoint> = eps
-            .iter()
-            .map(|l| Endpoint {
-                ip: Ipv4Addr::new(198, 18, 0, *l),
-                port: 5353,
-                local: false,
-                ready: true,
-                serving: true,
-                terminating: false,
-            })
-            .collect();
-        let t = Targets {
-            any: !cluster.is_empty(),
-            cluster,
-            local: Vec::new(),
-        };
+        let name = ServicePortName::new("kube-system", "dns", "dns", Protocol::Udp);
+        let svc = ServicePort::cluster_ip(name, Ipv4Addr::new(198, 19, 0, 10), 53);
+        let t = Targets::of(
+            eps.iter()
+                .map(|l| Endpoint::ready(Ipv4Addr::new(198, 18, 0, *l), 5353, false))
+                .collect(),
+        );
         (svc, t)
     }
 

@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use sha2::{Digest, Sha256};
 
 use super::model::{Endpoint, Policy, ServicePort, ServicePortName, Targets};
-use super::{Change, SyncStats};
+use super::{Basis, Change, SyncStats};
 
 pub const SERVICES: &str = "SKIFF-SERVICES";
 pub const EXTERNAL_SERVICES: &str = "SKIFF-EXTERNAL-SERVICES";
@@ -308,9 +308,9 @@ fn fixed() -> Vec<(Table, &'static str, Vec<String>)> {
 /// The iptables proxier's memory of what it wrote.
 #[derive(Debug, Default)]
 pub struct Proxier {
-    local_cidr: Option<String>,
+    /// The pod CIDR and whether the kernel holds what was written.
+    pub basis: Basis,
     programmed: HashMap<ServicePortName, Objects>,
-    synced: bool,
 }
 
 /// An `iptables-restore --noflush` input and the chains it must delete.
@@ -323,27 +323,8 @@ pub struct Script {
 impl Proxier {
     pub fn new(local_cidr: Option<String>) -> Proxier {
         Proxier {
-            local_cidr,
+            basis: Basis::new(local_cidr),
             ..Default::default()
-        }
-    }
-
-    pub fn needs_full_sync(&self) -> bool {
-        !self.synced
-    }
-
-    pub fn invalidate(&mut self) {
-        self.synced = false;
-    }
-
-    pub fn commit(&mut self) {
-        self.synced = true;
-    }
-
-    pub fn set_local_cidr(&mut self, cidr: Option<String>) {
-        if cidr != self.local_cidr {
-            self.local_cidr = cidr;
-            self.synced = false;
         }
     }
 
@@ -362,7 +343,7 @@ impl Proxier {
         self.programmed.clear();
         let mut stats = SyncStats::default();
         for (svc, targets) in all {
-            let o = build(svc, targets, self.local_cidr.as_deref());
+            let o = build(svc, targets, self.basis.local_cidr.as_deref());
             stats.chains += o.chains.len();
             stats.service_ports += 1;
             self.programmed.insert(svc.name.clone(), o);
@@ -408,7 +389,7 @@ impl Proxier {
             for (svc, targets) in &change.ports {
                 next.insert(
                     svc.name.clone(),
-                    build(svc, targets, self.local_cidr.as_deref()),
+                    build(svc, targets, self.basis.local_cidr.as_deref()),
                 );
             }
             for name in old_names.iter().chain(next.keys()) {
@@ -548,32 +529,15 @@ mod tests {
     use crate::proxy::model::Protocol;
 
     fn svc() -> ServicePort {
+        let name = ServicePortName::new("default", "web", "", Protocol::Tcp);
         ServicePort {
-            name: ServicePortName {
-                namespace: "default".into(),
-                name: "web".into(),
-                port: "".into(),
-                protocol: Protocol::Tcp,
-            },
-            cluster_ip: Ipv4Addr::new(198, 19, 0, 10),
-            port: 80,
             node_port: 30080,
-            external_ips: Vec::new(),
-            affinity_timeout: None,
-            internal_policy: Policy::Cluster,
-            external_policy: Policy::Cluster,
+            ..ServicePort::cluster_ip(name, Ipv4Addr::new(198, 19, 0, 10), 80)
         }
     }
 
     fn ep(last: u8) -> Endpoint {
-        Endpoint {
-            ip: Ipv4Addr::new(198, 18, 0, last),
-            port: 8080,
-            local: false,
-            ready: true,
-            serving: true,
-            terminating: false,
-        }
+        Endpoint::ready(Ipv4Addr::new(198, 18, 0, last), 8080, false)
     }
 
     #[test]
@@ -633,7 +597,7 @@ mod tests {
         let (ta, tb) = (t(vec![ep(10)]), t(vec![ep(20)]));
         let full = p.full_sync([(&a, &ta), (&b, &tb)], &BTreeSet::new());
         assert!(full.text.contains(":SKIFF-SERVICES - [0:0]"));
-        p.commit();
+        p.basis.commit();
         let change = Change {
             namespace: "default".into(),
             name: "web".into(),

@@ -134,6 +134,48 @@ pub struct SyncStats {
     pub chains: usize,
 }
 
+/// What both proxiers keep besides their rules: the node's pod CIDR
+/// (traffic from it is the node's own pods) and whether the kernel holds
+/// what they wrote.
+#[derive(Debug, Default)]
+pub struct Basis {
+    pub local_cidr: Option<String>,
+    /// False until a full sync succeeded, and again after a failed one.
+    synced: bool,
+}
+
+impl Basis {
+    pub fn new(local_cidr: Option<String>) -> Basis {
+        Basis {
+            local_cidr,
+            synced: false,
+        }
+    }
+
+    /// Whether the next sync must be a full one.
+    pub fn needs_full_sync(&self) -> bool {
+        !self.synced
+    }
+
+    /// Forget the kernel state: the next sync writes everything.
+    pub fn invalidate(&mut self) {
+        self.synced = false;
+    }
+
+    /// The last script was applied.
+    pub fn commit(&mut self) {
+        self.synced = true;
+    }
+
+    /// A changed pod CIDR changes rules of every service: sync fully.
+    pub fn set_local_cidr(&mut self, cidr: Option<String>) {
+        if cidr != self.local_cidr {
+            self.local_cidr = cidr;
+            self.synced = false;
+        }
+    }
+}
+
 /// Either proxier, with how it applies its scripts.
 pub enum Backend {
     Nftables(nftables::Proxier),
@@ -157,25 +199,30 @@ impl Backend {
         }
     }
 
-    pub fn needs_full_sync(&self) -> bool {
+    fn basis(&self) -> &Basis {
         match self {
-            Backend::Nftables(p) => p.needs_full_sync(),
-            Backend::Iptables(p) => p.needs_full_sync(),
+            Backend::Nftables(p) => &p.basis,
+            Backend::Iptables(p) => &p.basis,
         }
+    }
+
+    fn basis_mut(&mut self) -> &mut Basis {
+        match self {
+            Backend::Nftables(p) => &mut p.basis,
+            Backend::Iptables(p) => &mut p.basis,
+        }
+    }
+
+    pub fn needs_full_sync(&self) -> bool {
+        self.basis().needs_full_sync()
     }
 
     pub fn invalidate(&mut self) {
-        match self {
-            Backend::Nftables(p) => p.invalidate(),
-            Backend::Iptables(p) => p.invalidate(),
-        }
+        self.basis_mut().invalidate();
     }
 
     pub fn set_local_cidr(&mut self, cidr: Option<String>) {
-        match self {
-            Backend::Nftables(p) => p.set_local_cidr(cidr),
-            Backend::Iptables(p) => p.set_local_cidr(cidr),
-        }
+        self.basis_mut().set_local_cidr(cidr);
     }
 
     /// Rules (nftables: map elements and chains; iptables: chains) now
@@ -204,7 +251,7 @@ impl Backend {
         let start = Instant::now();
         let result = match self {
             Backend::Nftables(p) => {
-                let mode = if repair && !p.needs_full_sync() {
+                let mode = if repair && !p.basis.needs_full_sync() {
                     nftables::Full::Repair
                 } else {
                     nftables::Full::Replace
@@ -261,10 +308,7 @@ impl Backend {
     ) -> Result<Synced> {
         match result {
             Ok(stats) => {
-                match self {
-                    Backend::Nftables(p) => p.commit(),
-                    Backend::Iptables(p) => p.commit(),
-                }
+                self.basis_mut().commit();
                 Ok(Synced {
                     full,
                     took: start.elapsed(),

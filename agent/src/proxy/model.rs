@@ -66,6 +66,17 @@ impl fmt::Display for ServicePortName {
     }
 }
 
+impl ServicePortName {
+    pub fn new(namespace: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortName {
+        ServicePortName {
+            namespace: namespace.into(),
+            name: name.into(),
+            port: port.into(),
+            protocol,
+        }
+    }
+}
+
 /// Traffic policy: all endpoints of the cluster, or only this node's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -90,6 +101,21 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A ClusterIP-only port with the API's defaults: no node port,
+    /// external IPs or affinity, both traffic policies Cluster.
+    pub fn cluster_ip(name: ServicePortName, ip: Ipv4Addr, port: u16) -> ServicePort {
+        ServicePort {
+            name,
+            cluster_ip: ip,
+            port,
+            node_port: 0,
+            external_ips: Vec::new(),
+            affinity_timeout: None,
+            internal_policy: Policy::Cluster,
+            external_policy: Policy::Cluster,
+        }
+    }
+
     /// Whether traffic reaches it from outside the cluster network (node
     /// ports, external and load-balancer IPs): only then does the
     /// external traffic policy matter.
@@ -108,6 +134,20 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
+}
+
+impl Endpoint {
+    /// A ready endpoint.
+    pub fn ready(ip: Ipv4Addr, port: u16, local: bool) -> Endpoint {
+        Endpoint {
+            ip,
+            port,
+            local,
+            ready: true,
+            serving: true,
+            terminating: false,
+        }
+    }
 }
 
 /// The Service's ports the proxy handles. Headless services, services of
@@ -264,6 +304,18 @@ pub struct Targets {
     /// Whether any endpoint at all could serve: with none, traffic is
     /// rejected; with some but none usable under a Local policy, dropped.
     pub any: bool,
+}
+
+impl Targets {
+    /// Usable endpoints as they are: all for cluster traffic, this node's
+    /// for local traffic.
+    pub fn of(endpoints: Vec<Endpoint>) -> Targets {
+        Targets {
+            any: !endpoints.is_empty(),
+            local: endpoints.iter().filter(|e| e.local).cloned().collect(),
+            cluster: endpoints,
+        }
+    }
 }
 
 /// Pick the endpoints of `svc` from all its endpoints.

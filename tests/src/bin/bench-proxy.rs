@@ -18,9 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use skiff_agent::proxy::model::{
-    Endpoint, Policy, Protocol, ServicePort, ServicePortName, Targets,
-};
+use skiff_agent::proxy::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
 use skiff_agent::proxy::{exec, iptables, nftables, Backend, Change, Mode};
 
 struct Args {
@@ -106,42 +104,16 @@ fn vip(i: usize) -> Ipv4Addr {
 }
 
 fn endpoint(i: usize, j: usize) -> Endpoint {
-    // Endpoints in 198.18.0.0/16, distinct per service.
+    // Endpoints in 198.18.0.0/16, distinct per service; one in five on
+    // this node.
     let n = (i * 5 + j) as u32;
-    Endpoint {
-        ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (n % 65_000) + 1),
-        port: 8080,
-        local: j == 0,
-        ready: true,
-        serving: true,
-        terminating: false,
-    }
+    let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (n % 65_000) + 1);
+    Endpoint::ready(ip, 8080, j == 0)
 }
 
 fn service(i: usize) -> ServicePort {
-    ServicePort {
-        name: ServicePortName {
-            namespace: "bench".into(),
-            name: format!("svc-{i}"),
-            port: "http".into(),
-            protocol: Protocol::Tcp,
-        },
-        cluster_ip: vip(i),
-        port: 80,
-        node_port: 0,
-        external_ips: Vec::new(),
-        affinity_timeout: None,
-        internal_policy: Policy::Cluster,
-        external_policy: Policy::Cluster,
-    }
-}
-
-fn targets(eps: Vec<Endpoint>) -> Targets {
-    Targets {
-        any: !eps.is_empty(),
-        local: eps.iter().filter(|e| e.local).cloned().collect(),
-        cluster: eps,
-    }
+    let name = ServicePortName::new("bench", &format!("svc-{i}"), "http", Protocol::Tcp);
+    ServicePort::cluster_ip(name, vip(i), 80)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -178,7 +150,7 @@ fn one(mode: Mode, n: usize, updates: usize) -> Result<Figures> {
         .map(|i| {
             (
                 service(i),
-                targets((0..5).map(|j| endpoint(i, j)).collect()),
+                Targets::of((0..5).map(|j| endpoint(i, j)).collect()),
             )
         })
         .collect();
@@ -235,7 +207,7 @@ fn one(mode: Mode, n: usize, updates: usize) -> Result<Figures> {
             let change = Change {
                 namespace: "bench".into(),
                 name: format!("svc-{i}"),
-                ports: vec![(service(i), targets(eps))],
+                ports: vec![(service(i), Targets::of(eps))],
             };
             let start = Instant::now();
             let synced = backend.partial_sync(&[change]).await?;
@@ -254,7 +226,7 @@ fn one(mode: Mode, n: usize, updates: usize) -> Result<Figures> {
                 name: format!("svc-{i}"),
                 ports: vec![(
                     service(i),
-                    targets((0..5).map(|j| endpoint(i, j)).collect()),
+                    Targets::of((0..5).map(|j| endpoint(i, j)).collect()),
                 )],
             };
             let start = Instant::now();

@@ -16,15 +16,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use self::objects::{Context, Map, Objects, Shared};
 use super::model::{ServicePort, ServicePortName, Targets};
 use super::slots::{self, Addr};
-use super::{Change, SyncStats};
+use super::{Basis, Change, SyncStats};
 
 pub use self::script::{cleanup_script, Full, TABLE};
 
 /// The nftables proxier's memory of what is in the kernel.
 #[derive(Debug, Default)]
 pub struct Proxier {
-    /// The node's pod CIDR (local traffic detection).
-    local_cidr: Option<String>,
+    /// The pod CIDR and whether the kernel holds what was written.
+    pub basis: Basis,
     /// What each service port put in the table.
     programmed: HashMap<ServicePortName, Objects>,
     /// Slot order of each service port's cluster and local endpoints.
@@ -36,8 +36,6 @@ pub struct Proxier {
     owners: HashMap<(Map, String), Vec<(ServicePortName, String)>>,
     /// Shared chains that exist in the table.
     shared: BTreeSet<Shared>,
-    /// False until a full sync succeeded, and again after a failed one.
-    synced: bool,
 }
 
 /// One transaction's statements, by phase: objects are created before
@@ -58,26 +56,8 @@ struct Tx {
 impl Proxier {
     pub fn new(local_cidr: Option<String>) -> Proxier {
         Proxier {
-            local_cidr,
+            basis: Basis::new(local_cidr),
             ..Default::default()
-        }
-    }
-
-    /// Whether the next sync must be a full one.
-    pub fn needs_full_sync(&self) -> bool {
-        !self.synced
-    }
-
-    /// Forget the kernel state: the next sync replaces the table.
-    pub fn invalidate(&mut self) {
-        self.synced = false;
-    }
-
-    /// A changed pod CIDR changes the rules of every shared chain.
-    pub fn set_local_cidr(&mut self, cidr: Option<String>) {
-        if cidr != self.local_cidr {
-            self.local_cidr = cidr;
-            self.synced = false;
         }
     }
 
@@ -112,7 +92,7 @@ impl Proxier {
             Full::Repair => {
                 for shared in &self.shared {
                     tx.add_chains.push(shared.name());
-                    for rule in shared.rules(self.local_cidr.as_deref()) {
+                    for rule in shared.rules(self.basis.local_cidr.as_deref()) {
                         tx.rules.push(script::add_rule(&shared.name(), &rule));
                     }
                 }
@@ -195,11 +175,6 @@ impl Proxier {
         (text, tx.stats)
     }
 
-    /// Record that the last script was applied.
-    pub fn commit(&mut self) {
-        self.synced = true;
-    }
-
     /// The service port's objects, its endpoints in stable slot order.
     fn objects_for(&mut self, svc: &ServicePort, targets: &Targets) -> Objects {
         let mut ordered = targets.clone();
@@ -214,7 +189,7 @@ impl Proxier {
             self.slots.insert(key, order);
         }
         let ctx = Context {
-            local_cidr: self.local_cidr.as_deref(),
+            local_cidr: self.basis.local_cidr.as_deref(),
         };
         objects::build(svc, &ordered, &ctx)
     }
@@ -224,7 +199,7 @@ impl Proxier {
         for shared in &new.shared {
             if self.shared.insert(*shared) {
                 tx.add_chains.push(shared.name());
-                for rule in shared.rules(self.local_cidr.as_deref()) {
+                for rule in shared.rules(self.basis.local_cidr.as_deref()) {
                     tx.rules.push(script::add_rule(&shared.name(), &rule));
                 }
             }

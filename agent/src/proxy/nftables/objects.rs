@@ -426,32 +426,12 @@ mod tests {
     use crate::proxy::model::{Protocol, ServicePortName};
 
     fn port() -> ServicePort {
-        ServicePort {
-            name: ServicePortName {
-                namespace: "default".into(),
-                name: "web".into(),
-                port: "http".into(),
-                protocol: Protocol::Tcp,
-            },
-            cluster_ip: Ipv4Addr::new(198, 19, 0, 10),
-            port: 80,
-            node_port: 0,
-            external_ips: Vec::new(),
-            affinity_timeout: None,
-            internal_policy: Policy::Cluster,
-            external_policy: Policy::Cluster,
-        }
+        let name = ServicePortName::new("default", "web", "http", Protocol::Tcp);
+        ServicePort::cluster_ip(name, Ipv4Addr::new(198, 19, 0, 10), 80)
     }
 
     fn ep(last: u8, local: bool) -> Endpoint {
-        Endpoint {
-            ip: Ipv4Addr::new(198, 18, 0, last),
-            port: 8080,
-            local,
-            ready: true,
-            serving: true,
-            terminating: false,
-        }
+        Endpoint::ready(Ipv4Addr::new(198, 18, 0, last), 8080, local)
     }
 
     fn elements(o: &Objects) -> Vec<String> {

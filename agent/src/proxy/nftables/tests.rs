@@ -1,43 +1,20 @@
 use std::net::Ipv4Addr;
 
 use super::*;
-use crate::proxy::model::{Endpoint, Policy, Protocol};
+use crate::proxy::model::{Endpoint, Protocol};
 
 fn svc(name: &str, last: u8) -> ServicePort {
-    ServicePort {
-        name: ServicePortName {
-            namespace: "default".into(),
-            name: name.into(),
-            port: "".into(),
-            protocol: Protocol::Tcp,
-        },
-        cluster_ip: Ipv4Addr::new(198, 19, 0, last),
-        port: 80,
-        node_port: 0,
-        external_ips: Vec::new(),
-        affinity_timeout: None,
-        internal_policy: Policy::Cluster,
-        external_policy: Policy::Cluster,
-    }
+    let name = ServicePortName::new("default", name, "", Protocol::Tcp);
+    ServicePort::cluster_ip(name, Ipv4Addr::new(198, 19, 0, last), 80)
 }
 
 fn eps(lasts: &[u8]) -> Targets {
-    let cluster: Vec<Endpoint> = lasts
-        .iter()
-        .map(|l| Endpoint {
-            ip: Ipv4Addr::new(198, 18, 0, *l),
-            port: 8080,
-            local: false,
-            ready: true,
-            serving: true,
-            terminating: false,
-        })
-        .collect();
-    Targets {
-        any: !cluster.is_empty(),
-        cluster,
-        local: Vec::new(),
-    }
+    Targets::of(
+        lasts
+            .iter()
+            .map(|l| Endpoint::ready(Ipv4Addr::new(198, 18, 0, *l), 8080, false))
+            .collect(),
+    )
 }
 
 fn change(s: &ServicePort, t: Targets) -> Change {
@@ -51,7 +28,7 @@ fn change(s: &ServicePort, t: Targets) -> Change {
 #[test]
 fn full_sync_replaces_the_table() {
     let mut p = Proxier::new(Some("198.18.0.0/24".into()));
-    assert!(p.needs_full_sync());
+    assert!(p.basis.needs_full_sync());
     let a = svc("a", 1);
     let t = eps(&[10, 11]);
     let (text, stats) = p.full_sync(Full::Replace, [(&a, &t)]);
@@ -63,8 +40,8 @@ fn full_sync_replaces_the_table() {
         "add element ip skiff-proxy service-ips { 198.19.0.1 . tcp . 80 : goto cluster-2 }"
     ));
     assert_eq!(stats.service_ports, 1);
-    p.commit();
-    assert!(!p.needs_full_sync());
+    p.basis.commit();
+    assert!(!p.basis.needs_full_sync());
 }
 
 #[test]
@@ -74,7 +51,7 @@ fn one_endpoint_change_is_a_few_elements() {
     let t = eps(&[10, 11, 12, 13, 14]);
     let all: Vec<(&ServicePort, &Targets)> = services.iter().map(|s| (s, &t)).collect();
     let _ = p.full_sync(Full::Replace, all);
-    p.commit();
+    p.basis.commit();
 
     // One endpoint replaced: one slot rewritten, nothing else.
     let (text, stats) = p.partial_sync(&[change(&services[7], eps(&[10, 11, 99, 13, 14]))]);
@@ -126,7 +103,7 @@ fn shared_hairpin_elements_are_reference_counted() {
     let mut t = eps(&[10]);
     t.cluster[0].local = true;
     let _ = p.full_sync(Full::Replace, [(&a, &t), (&b, &t)]);
-    p.commit();
+    p.basis.commit();
     let (text, _) = p.partial_sync(&[change(&a, Targets::default())]);
     assert!(!text.contains("hairpin"), "b still needs it:\n{text}");
     let (text, _) = p.partial_sync(&[change(&b, Targets::default())]);
@@ -139,7 +116,7 @@ fn affinity_chains_are_created_before_use_and_deleted_after() {
     let mut a = svc("a", 1);
     a.affinity_timeout = Some(30);
     let _ = p.full_sync(Full::Replace, [(&a, &eps(&[10, 11]))]);
-    p.commit();
+    p.basis.commit();
     let (text, _) = p.partial_sync(&[change(&a, eps(&[11, 12]))]);
     let pos = |needle: &str| {
         text.find(needle)
