@@ -34,6 +34,7 @@ done
 # The proxy's rules outlive the agent by design (a restart must not cut
 # connections); stopping the cluster removes them.
 command -v skiff-agent >/dev/null && skiff-agent --cleanup >/dev/null 2>&1 || true
+nft delete table ip skiff-network 2>/dev/null || true
 ip route show proto 88 | while read -r route; do ip route del $route proto 88 || true; done
 ip link del skiff0 2>/dev/null || true
 if [ "${1:-}" = "--purge" ]; then

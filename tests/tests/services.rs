@@ -375,6 +375,17 @@ async fn scenario(cluster: &mut Cluster, mode: &str) -> Result<()> {
         missing.contains("NXDOMAIN") || missing.contains("can't find"),
         "missing name: {missing}"
     );
+    // The API server (on the host, outside the pod network) through the
+    // kubernetes Service: DNAT to its EndpointSlice, masquerade on the way
+    // out of the pod network.
+    let api = sh(
+        cluster,
+        "client",
+        "echo | timeout 5 nc -w 3 kubernetes.default.svc.cluster.local 443 && echo open || echo closed",
+    )
+    .await?;
+    ensure!(api.trim().ends_with("open"), "[{mode}] the kubernetes service: {api:?}");
+
     // Pod to pod across nodes, directly.
     let web2_ip = pods
         .get("web-2")

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+pub mod masquerade;
 pub mod routes;
 
 /// The file the agent owns in the CNI conf dir. `10-` sorts it before

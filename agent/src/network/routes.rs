@@ -5,7 +5,8 @@
 //! The routes carry a protocol number of the agent's own, so that it can
 //! tell them from everyone else's: it adds what is missing, replaces what
 //! is wrong and deletes what is stale among its own, and never touches
-//! another route.
+//! another route. The same loop keeps the pod CIDRs of the
+//! [`masquerade`](super::masquerade) table current.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -111,6 +112,30 @@ pub fn desired(nodes: &[std::sync::Arc<Node>], me: &str) -> BTreeMap<Cidr, Via> 
     out
 }
 
+/// Every node's IPv4 pod CIDRs, and this node's own (first) one.
+pub fn pod_cidrs(nodes: &[std::sync::Arc<Node>], me: &str) -> (Option<Cidr>, Vec<Cidr>) {
+    let mut all = Vec::new();
+    let mut mine = None;
+    for node in nodes {
+        let spec = node.spec.as_ref();
+        let cidrs: Vec<Cidr> = spec
+            .and_then(|s| s.pod_cidrs.clone())
+            .filter(|c| !c.is_empty())
+            .or_else(|| spec.and_then(|s| s.pod_cidr.clone()).map(|c| vec![c]))
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| parse_cidr(c))
+            .collect();
+        if node.metadata.name.as_deref() == Some(me) {
+            mine = cidrs.first().copied();
+        }
+        all.extend(cidrs);
+    }
+    all.sort();
+    all.dedup();
+    (mine, all)
+}
+
 /// Keeps the routes in step with the Nodes.
 pub struct Routes {
     client: kube::Client,
@@ -154,6 +179,9 @@ impl Routes {
         let mut events = std::pin::pin!(events);
         let mut last_error = String::new();
         let mut applied = BTreeMap::new();
+        // The masquerade table last written: (this node's CIDR, all).
+        let mut masq_applied: Option<(Cidr, Vec<Cidr>)> = None;
+        let mut masq_error = String::new();
         let mut tick = tokio::time::interval(RESYNC);
         // Set once the first list is complete: before, a missing node
         // would look deleted and its route be removed.
@@ -174,7 +202,27 @@ impl Routes {
             if !listed {
                 continue;
             }
-            let want = desired(&store.state(), &self.node_name);
+            let nodes = store.state();
+            if let (Some(local), all) = pod_cidrs(&nodes, &self.node_name) {
+                let masq = (local, all);
+                if masq_applied.as_ref() != Some(&masq) || resync {
+                    let script = super::masquerade::script(masq.0, &masq.1);
+                    match crate::proxy::exec::run("nft", &["-f", "-"], &script).await {
+                        Ok(_) => {
+                            masq_error.clear();
+                            masq_applied = Some(masq);
+                        }
+                        Err(e) => {
+                            let msg = e.to_string();
+                            if msg != masq_error {
+                                tracing::error!("masquerade of pod traffic leaving the pod network: {msg}");
+                            }
+                            masq_error = msg;
+                        }
+                    }
+                }
+            }
+            let want = desired(&nodes, &self.node_name);
             if want == applied && !resync {
                 continue;
             }

@@ -112,23 +112,52 @@ async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
         "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
         "subsets": [{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
     });
-    let subsets = ep["subsets"].clone();
-    ensure(api, &system_req("", "endpoints", Some("default")), ep).await?;
-    // The address or port may have changed since the last start: point the
-    // endpoints at this server again (upstream's bootstrap controller does
-    // the same reconciliation).
-    let key = "/registry/core/endpoints/default/kubernetes";
-    if let Some(kv) = api.store.get(key).await? {
-        if let Ok(mut cur) = serde_json::from_slice::<serde_json::Value>(&kv.value) {
-            if cur["subsets"] != subsets {
-                cur["subsets"] = subsets;
-                let bytes = super::objects::encode_for_store(&cur);
-                match api.store.update(key, bytes, kv.mod_revision).await {
-                    Ok(_) | Err(crate::store::Error::Conflict { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
+    let req = system_req("", "endpoints", Some("default"));
+    let key = req.def.key(Some("default"), "kubernetes");
+    ensure_fields(api, &req, &key, ep, &["subsets"]).await?;
+    // Service proxies read EndpointSlices: the kube-apiserver writes this
+    // one itself too (no controller owns a service without a selector).
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": if ip.is_ipv4() { "IPv4" } else { "IPv6" },
+        "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    });
+    let req = system_req("discovery.k8s.io", "endpointslices", Some("default"));
+    let key = req.def.key(Some("default"), "kubernetes");
+    ensure_fields(api, &req, &key, slice, &["endpoints", "ports"]).await
+}
+
+/// Create `obj` if it is missing; otherwise set `fields` of the stored
+/// object to `obj`'s. The address or port may have changed since the last
+/// start: the objects must point at this server again (upstream's
+/// bootstrap controller reconciles them the same way). A concurrent
+/// writer wins; the next start corrects it.
+async fn ensure_fields(
+    api: &ApiServer,
+    r: &Req,
+    key: &str,
+    obj: Value,
+    fields: &[&str],
+) -> ApiResult<()> {
+    let want: Vec<Value> = fields.iter().map(|f| obj[*f].clone()).collect();
+    ensure(api, r, obj).await?;
+    let Some(kv) = api.store.get(key).await? else {
+        return Ok(());
+    };
+    let Ok(mut cur) = serde_json::from_slice::<Value>(&kv.value) else {
+        return Ok(());
+    };
+    if fields.iter().zip(&want).all(|(f, w)| cur[*f] == *w) {
+        return Ok(());
     }
-    Ok(())
+    for (f, w) in fields.iter().zip(want) {
+        cur[*f] = w;
+    }
+    let bytes = super::objects::encode_for_store(&cur);
+    match api.store.update(key, bytes, kv.mod_revision).await {
+        Ok(_) | Err(crate::store::Error::Conflict { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
