@@ -44,7 +44,7 @@ pub struct Mark {
 }
 
 /// CPU used between two [`Mark`]s, in seconds.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Used {
     /// The skiff-server process.
     pub server: f64,
@@ -75,6 +75,18 @@ impl Mark {
             client,
             others: (self.busy - start.busy - server - client).max(0.0),
             capacity: self.total - start.total,
+        }
+    }
+}
+
+impl std::ops::Add for Used {
+    type Output = Used;
+    fn add(self, o: Used) -> Used {
+        Used {
+            server: self.server + o.server,
+            client: self.client + o.client,
+            others: self.others + o.others,
+            capacity: self.capacity + o.capacity,
         }
     }
 }

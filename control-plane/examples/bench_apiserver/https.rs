@@ -53,8 +53,8 @@ impl Target {
     /// The server and client certificate of `kubeconfig` (as the server
     /// writes `admin.kubeconfig`: embedded PEM data).
     pub fn from_kubeconfig(path: &Path, addr: SocketAddr) -> anyhow::Result<Target> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
         let ca = kubeconfig_data(&doc, "clusters", "cluster", "certificate-authority-data")?;
         let cert = kubeconfig_data(&doc, "users", "user", "client-certificate-data")?;

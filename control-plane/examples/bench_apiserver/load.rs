@@ -30,7 +30,7 @@ pub enum ClientKind {
     Kube,
 }
 
-pub const NAMESPACE: &str = "default";
+const NAMESPACE: &str = "default";
 const PODS: &str = "/api/v1/namespaces/default/pods";
 
 fn pod_name(i: usize) -> String {
@@ -113,8 +113,18 @@ fn check_list(l: &List, want_shard: Option<&str>, limit: usize) -> anyhow::Resul
     Ok(())
 }
 
+fn pods_api(client: &kube::Client) -> Api<Pod> {
+    Api::namespaced(client.clone(), NAMESPACE)
+}
+
 /// Latencies of the operations that passed, and the phase's wall time.
 pub type Timings = (Vec<Duration>, Duration);
+
+/// Pod create bodies in the form each client sends.
+pub enum Bodies {
+    Json(Vec<Bytes>),
+    Typed(Vec<Pod>),
+}
 
 /// The client of the pod workload.
 pub enum Load {
@@ -123,7 +133,7 @@ pub enum Load {
         /// One per worker; taken by a phase and given back after it.
         conns: Vec<Conn>,
     },
-    Kube(Api<Pod>),
+    Kube(kube::Client),
 }
 
 impl Load {
@@ -160,36 +170,84 @@ impl Load {
         timings
     }
 
-    /// `n` pod creates; bodies are serialised before the clock starts.
-    pub async fn creates(&mut self, n: usize, concurrency: usize) -> Timings {
+    /// `n` `GET /version`: the cheapest authenticated request, so what
+    /// every API call pays for TLS, HTTP, authentication and routing
+    /// before it does any work of its own.
+    pub async fn floor(&mut self, n: usize, concurrency: usize) -> Timings {
         match self {
             Load::Https { .. } => {
-                let bodies: Arc<Vec<Bytes>> = Arc::new(
-                    (0..n)
-                        .map(|i| Bytes::from(serde_json::to_vec(&pod_json(i)).unwrap_or_default()))
-                        .collect(),
-                );
                 self.run(
+                    n,
+                    |_| Call {
+                        method: Method::GET,
+                        path: "/version".to_string(),
+                        body: None,
+                    },
+                    |_, status, body| {
+                        https::expect_status(status, 200, body)?;
+                        let v: Value = serde_json::from_slice(body)?;
+                        ensure!(v["gitVersion"].is_string(), "no gitVersion in {v}");
+                        Ok(())
+                    },
+                )
+                .await
+            }
+            Load::Kube(client) => {
+                let client = client.clone();
+                drive_stateless(n, concurrency, move |_| {
+                    let client = client.clone();
+                    async move {
+                        client.apiserver_version().await?;
+                        Ok(())
+                    }
+                })
+                .await
+            }
+        }
+    }
+
+    /// Request bodies of pods `first..first + n`, built before the clock
+    /// (and the CPU counters) start.
+    pub fn bodies(&self, first: usize, n: usize) -> Bodies {
+        let range = first..first + n;
+        match self {
+            Load::Https { .. } => Bodies::Json(
+                range
+                    .map(|i| Bytes::from(serde_json::to_vec(&pod_json(i)).unwrap_or_default()))
+                    .collect(),
+            ),
+            Load::Kube(_) => Bodies::Typed(
+                range
+                    .filter_map(|i| serde_json::from_value(pod_json(i)).ok())
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Create pods `first..`, one per body of [`Load::bodies`]`(first, _)`.
+    pub async fn creates(&mut self, first: usize, bodies: Bodies, concurrency: usize) -> Timings {
+        match (self, bodies) {
+            (this @ Load::Https { .. }, Bodies::Json(bodies)) => {
+                let n = bodies.len();
+                let bodies = Arc::new(bodies);
+                this.run(
                     n,
                     move |i| Call {
                         method: Method::POST,
                         path: PODS.to_string(),
                         body: Some(bodies[i].clone()),
                     },
-                    |i, status, body| {
+                    move |i, status, body| {
                         https::expect_status(status, 201, body)?;
-                        check_object(body, &pod_name(i))
+                        check_object(body, &pod_name(first + i))
                     },
                 )
                 .await
             }
-            Load::Kube(api) => {
-                let pods: Arc<Vec<Pod>> = Arc::new(
-                    (0..n)
-                        .filter_map(|i| serde_json::from_value(pod_json(i)).ok())
-                        .collect(),
-                );
-                let api = api.clone();
+            (Load::Kube(client), Bodies::Typed(pods)) => {
+                let api = pods_api(client);
+                let n = pods.len();
+                let pods = Arc::new(pods);
                 drive_stateless(n, concurrency, move |i| {
                     let (api, pods) = (api.clone(), pods.clone());
                     async move {
@@ -203,6 +261,7 @@ impl Load {
                 })
                 .await
             }
+            _ => unreachable!("bodies come from the same client's `bodies`"),
         }
     }
 
@@ -225,8 +284,8 @@ impl Load {
                 )
                 .await
             }
-            Load::Kube(api) => {
-                let api = api.clone();
+            Load::Kube(client) => {
+                let api = pods_api(client);
                 drive_stateless(n, concurrency, move |i| {
                     let api = api.clone();
                     async move {
@@ -259,8 +318,8 @@ impl Load {
                 )
                 .await
             }
-            Load::Kube(api) => {
-                let api = api.clone();
+            Load::Kube(client) => {
+                let api = pods_api(client);
                 drive_stateless(n, concurrency, move |i| {
                     let api = api.clone();
                     async move {
@@ -298,7 +357,11 @@ impl Load {
                 check_list(&l, None, 0)?;
                 return Ok((l.items.len(), t.elapsed()));
             }
-            Load::Kube(api) => api.list(&ListParams::default()).await?.items.len(),
+            Load::Kube(client) => pods_api(client)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .len(),
         };
         Ok((items, t.elapsed()))
     }

@@ -5,8 +5,8 @@
 //!
 //! Run: `cargo build --release -p skiff-control-plane --bin skiff-server --examples`
 //! then `target/release/examples/bench_apiserver [--pods N] [--gets N] [--lists N] [--concurrency C]
-//! [--client https|kube] [--components] [--watchers W] [--events E]
-//! [--server-bin PATH]`.
+//! [--rounds R] [--client https|kube] [--components] [--watchers W]
+//! [--events E] [--server-bin PATH]`.
 //!
 //! The server runs as its own process (the `skiff-server` binary next to
 //! this example) so that its RSS and CPU time are its own. By default it
@@ -14,11 +14,16 @@
 //! the scheduler would retry 10,000 unschedulable pods and write an event
 //! for each, which is not the API's cost (`--components` keeps them).
 //!
+//! API creates and raw store writes alternate (`--rounds`), so that other
+//! work starting or stopping on the machine does not favour one of them.
 //! The load generator shares the machine's cores with the server, so the
 //! default client is a light one (see `https.rs`); `--client kube` uses
 //! kube-rs. Per phase the benchmark prints the CPU time of the server, of
 //! this process, and of everything else on the machine: on a few shared
 //! cores that says more than the wall clock.
+
+// The final JSON line is one `json!` literal with many fields.
+#![recursion_limit = "256"]
 
 mod cpu;
 mod https;
@@ -33,7 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use skiff_control_plane::store::bench::{bench_raw_writes, percentile};
@@ -56,6 +61,10 @@ struct Args {
     watchers: usize,
     #[arg(long, default_value_t = 1_000)]
     events: usize,
+    /// API creates and store writes alternate in this many rounds, so that
+    /// a change in the machine's other load hits both alike.
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
     /// Client of the pod creates, gets and lists.
     #[arg(long, value_enum, default_value_t = ClientKind::Https)]
     client: ClientKind,
@@ -107,6 +116,19 @@ impl Figures {
         }
     }
 
+    /// The figures of several runs of one phase taken together.
+    fn merge(runs: Vec<(load::Timings, cpu::Used)>) -> Figures {
+        let mut lat = Vec::new();
+        let mut wall = Duration::ZERO;
+        let mut used = cpu::Used::default();
+        for ((l, w), u) in runs {
+            lat.extend(l);
+            wall += w;
+            used = used + u;
+        }
+        Figures::new((lat, wall), used)
+    }
+
     /// CPU microseconds per operation of the server and of this process.
     fn cpu_us(&self) -> (f64, f64) {
         let per = |s: f64| s * 1e6 / self.n.max(1) as f64;
@@ -132,10 +154,18 @@ impl Figures {
 }
 
 /// Run one phase, reading the CPU counters around it.
-async fn phase(pid: u32, f: impl std::future::Future<Output = load::Timings>) -> Figures {
+async fn measured(
+    pid: u32,
+    f: impl std::future::Future<Output = load::Timings>,
+) -> (load::Timings, cpu::Used) {
     let start = cpu::Mark::now(pid);
     let timings = f.await;
-    Figures::new(timings, cpu::Mark::now(pid).used_since(&start))
+    (timings, cpu::Mark::now(pid).used_since(&start))
+}
+
+async fn phase(pid: u32, f: impl std::future::Future<Output = load::Timings>) -> Figures {
+    let (timings, used) = measured(pid, f).await;
+    Figures::new(timings, used)
 }
 
 fn start_server(args: &Args, data: &std::path::Path, port: u16) -> anyhow::Result<ServerProc> {
@@ -278,7 +308,7 @@ async fn main() -> anyhow::Result<()> {
             let target = https::Target::from_kubeconfig(&kubeconfig, addr)?;
             Load::https(target, args.concurrency).await?
         }
-        ClientKind::Kube => Load::Kube(Api::<Pod>::namespaced(client.clone(), load::NAMESPACE)),
+        ClientKind::Kube => Load::Kube(client.clone()),
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
@@ -292,44 +322,59 @@ async fn main() -> anyhow::Result<()> {
         }
     );
 
-    // 1. creates, gets and label-selected pages through the API, then one
-    // full list of every pod.
-    let create = phase(pid, pods.creates(args.pods, args.concurrency)).await;
-    create.print("API create");
-    let get = phase(
-        pid,
-        pods.gets(args.gets.unwrap_or(args.pods), args.pods, args.concurrency),
-    ).await;
-    get.print("API get   ");
-    let list = phase(pid, pods.lists(args.lists, args.concurrency)).await;
-    list.print("API list (label selector, pages of 100)");
-    let (listed, full_list) = pods.full_list().await?;
-    println!(
-        "API full list of {listed} pods: {:.1} ms",
-        ms(full_list)
-    );
-    let rss_after_pods = cpu::peak_rss_kib(pid);
-
-    // 2. the same writes straight into a store of the same kind, in this
-    // process (so "bench process" CPU is the store's own).
+    // 0. the cheapest request
+    let floor = phase(pid, pods.floor(args.pods, args.concurrency)).await;
+    floor.print("API floor (GET /version)");
+    // 1. creates through the API alternating with the same number of
+    // writes straight into a store of the same kind, in this process (so
+    // "bench process" CPU is the store's own).
     let raw_dir = dir.path().join("raw");
     std::fs::create_dir_all(&raw_dir)?;
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(raw_dir.join(SQLITE_FILE)).await?);
-    let raw = phase(pid, bench_raw_writes(store, args.pods, args.concurrency)).await;
+    let rounds = args.rounds.clamp(1, args.pods.max(1));
+    let (mut api_runs, mut store_runs) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let first = r * args.pods / rounds;
+        let n = (r + 1) * args.pods / rounds - first;
+        let bodies = pods.bodies(first, n);
+        api_runs.push(measured(pid, pods.creates(first, bodies, args.concurrency)).await);
+        store_runs.push(measured(pid, bench_raw_writes(store.clone(), n, args.concurrency)).await);
+    }
+    let create = Figures::merge(api_runs);
+    create.print("API create");
+    let raw = Figures::merge(store_runs);
     raw.print("store create");
     let ratio = create.per_s / raw.per_s.max(1e-9);
     println!("API/store create throughput ratio: {ratio:.3}");
     // What the cores could do if nothing else ran: the CPU each create
     // costs (server + client) against the core count, for the API and the
-    // store alike.
+    // store alike. The floor is what any request costs before its own work.
     let (server_us, client_us) = create.cpu_us();
     let (_, store_us) = raw.cpu_us();
+    let (floor_server_us, floor_client_us) = floor.cpu_us();
+    println!(
+        "per create beyond the store's own {store_us:.0} us: server {:.0} us (of which {floor_server_us:.0} any request costs), client {client_us:.0} us (floor {floor_client_us:.0})",
+        server_us - store_us
+    );
     let api_cpu_ceiling = cpus as f64 * 1e6 / (server_us + client_us).max(1e-9);
     let store_cpu_ceiling = cpus as f64 * 1e6 / store_us.max(1e-9);
     println!(
         "CPU-bound ceilings on {cpus} idle CPUs: API {api_cpu_ceiling:.0} creates/s (server {server_us:.0} + client {client_us:.0} us each), store {store_cpu_ceiling:.0} writes/s ({store_us:.0} us each); ratio of ceilings {:.3}",
         api_cpu_ceiling / store_cpu_ceiling.max(1e-9)
     );
+
+    // 2. gets and label-selected pages through the API, then one full list.
+    let get = phase(
+        pid,
+        pods.gets(args.gets.unwrap_or(args.pods), args.pods, args.concurrency),
+    )
+    .await;
+    get.print("API get   ");
+    let list = phase(pid, pods.lists(args.lists, args.concurrency)).await;
+    list.print("API list (label selector, pages of 100)");
+    let (listed, full_list) = pods.full_list().await?;
+    println!("API full list of {listed} pods: {:.1} ms", ms(full_list));
+    let rss_after_pods = cpu::peak_rss_kib(pid);
 
     // 3. watch fan-out
     let (deliveries, complete, ev_wall) = watch_fanout(&client, args.watchers, args.events).await?;
@@ -349,7 +394,7 @@ async fn main() -> anyhow::Result<()> {
     drop(server);
     let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
     let out = json!({
-        "pods": args.pods, "concurrency": args.concurrency, "cpus": cpus,
+        "pods": args.pods, "concurrency": args.concurrency, "rounds": rounds, "cpus": cpus,
         "client": format!("{:?}", args.client).to_lowercase(), "components": args.components,
         "api_create_p50_ms": ms(create.p50), "api_create_p99_ms": ms(create.p99), "api_create_per_s": create.per_s.round(),
         "api_get_p50_ms": ms(get.p50), "api_get_p99_ms": ms(get.p99), "api_get_per_s": get.per_s.round(),
@@ -357,6 +402,8 @@ async fn main() -> anyhow::Result<()> {
         "api_full_list_ms": ms(full_list),
         "store_create_p50_ms": ms(raw.p50), "store_create_p99_ms": ms(raw.p99), "store_create_per_s": raw.per_s.round(),
         "api_store_create_throughput_ratio": r3(ratio),
+        "api_floor_p50_ms": ms(floor.p50), "api_floor_p99_ms": ms(floor.p99), "api_floor_per_s": floor.per_s.round(),
+        "server_cpu_us_per_floor_request": floor_server_us.round(), "client_cpu_us_per_floor_request": floor_client_us.round(),
         "server_cpu_us_per_create": server_us.round(), "client_cpu_us_per_create": client_us.round(),
         "server_cpu_us_per_get": get.cpu_us().0.round(), "server_cpu_us_per_list": list.cpu_us().0.round(),
         "store_cpu_us_per_write": store_us.round(),

@@ -116,7 +116,10 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     // get). The query planner stability guarantee keeps one plan per
     // statement; every query here has one right plan anyway (the
     // `(name, id)` index).
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(())
 }
 
@@ -458,15 +461,16 @@ const LATEST: &str = "SELECT id, CASE WHEN created THEN id ELSE create_revision 
      FROM kv WHERE name = ?1 ORDER BY id DESC LIMIT 1";
 
 fn latest(conn: &Connection, key: &str) -> rusqlite::Result<Option<Latest>> {
-    conn.prepare_cached(LATEST)?.query_row([key], |r| {
-        Ok(Latest {
-            id: r.get(0)?,
-            create_revision: r.get(1)?,
-            deleted: r.get(2)?,
-            value: r.get(3)?,
+    conn.prepare_cached(LATEST)?
+        .query_row([key], |r| {
+            Ok(Latest {
+                id: r.get(0)?,
+                create_revision: r.get(1)?,
+                deleted: r.get(2)?,
+                value: r.get(3)?,
+            })
         })
-    })
-    .optional()
+        .optional()
 }
 
 fn insert(
