@@ -245,11 +245,10 @@ impl Load {
                 .await
             }
             (Load::Kube(client), Bodies::Typed(pods)) => {
-                let api = pods_api(client);
                 let n = pods.len();
                 let pods = Arc::new(pods);
-                drive_stateless(n, concurrency, move |i| {
-                    let (api, pods) = (api.clone(), pods.clone());
+                drive_pods(client, n, concurrency, move |api, i| {
+                    let pods = pods.clone();
                     async move {
                         let p = api.create(&PostParams::default(), &pods[i]).await?;
                         ensure!(
@@ -285,14 +284,10 @@ impl Load {
                 .await
             }
             Load::Kube(client) => {
-                let api = pods_api(client);
-                drive_stateless(n, concurrency, move |i| {
-                    let api = api.clone();
-                    async move {
-                        let p = api.get(&pick(i)).await?;
-                        ensure!(p.metadata.resource_version.is_some(), "no resourceVersion");
-                        Ok(())
-                    }
+                drive_pods(client, n, concurrency, move |api, i| async move {
+                    let p = api.get(&pick(i)).await?;
+                    ensure!(p.metadata.resource_version.is_some(), "no resourceVersion");
+                    Ok(())
                 })
                 .await
             }
@@ -319,17 +314,13 @@ impl Load {
                 .await
             }
             Load::Kube(client) => {
-                let api = pods_api(client);
-                drive_stateless(n, concurrency, move |i| {
-                    let api = api.clone();
-                    async move {
-                        let lp = ListParams::default()
-                            .labels(&format!("shard={}", shard(i)))
-                            .limit(LIMIT as u32);
-                        let l = api.list(&lp).await?;
-                        ensure!(l.items.len() <= LIMIT, "page past its limit");
-                        Ok(())
-                    }
+                drive_pods(client, n, concurrency, move |api, i| async move {
+                    let lp = ListParams::default()
+                        .labels(&format!("shard={}", shard(i)))
+                        .limit(LIMIT as u32);
+                    let l = api.list(&lp).await?;
+                    ensure!(l.items.len() <= LIMIT, "page past its limit");
+                    Ok(())
                 })
                 .await
             }
@@ -411,6 +402,16 @@ where
         }
     }
     ((all, started.elapsed()), back)
+}
+
+/// [`drive_stateless`] over the pods API of `client`: `op(api, i)`.
+async fn drive_pods<F, Fut>(client: &kube::Client, n: usize, concurrency: usize, op: F) -> Timings
+where
+    F: Fn(Api<Pod>, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let api = pods_api(client);
+    drive_stateless(n, concurrency, move |i| op(api.clone(), i)).await
 }
 
 /// [`drive`] with `concurrency` stateless workers.
