@@ -390,7 +390,7 @@ async fn create_value_stored(
     let (mut obj, warnings) = typed(r, &obj)?;
     {
         let m = meta_mut(&mut obj);
-        m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        m.insert("uid".into(), json!(objects::new_uid()));
         m.insert("creationTimestamp".into(), json!(objects::now_rfc3339()));
         for k in [
             "resourceVersion",

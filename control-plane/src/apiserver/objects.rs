@@ -92,6 +92,15 @@ pub fn random_suffix(n: usize) -> String {
         .collect()
 }
 
+/// A random (version 4) UUID for `metadata.uid`. The bytes come from the
+/// thread's ChaCha generator (seeded from the OS, reseeded as it goes):
+/// `Uuid::new_v4` asks the kernel for every one, a syscall per create.
+pub fn new_uid() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .to_string()
+}
+
 /// Parse stored bytes and stamp `resourceVersion` from the store revision
 /// (upstream never stores it in the value either).
 pub fn decode_stored(value: &[u8], revision: i64) -> Option<Value> {
@@ -192,6 +201,14 @@ pub fn lite_metadata(stored: &[u8]) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uids_are_distinct_version_4_uuids() {
+        let (a, b) = (new_uid(), new_uid());
+        assert_ne!(a, b);
+        let u = uuid::Uuid::parse_str(&a).unwrap();
+        assert_eq!(u.get_version(), Some(uuid::Version::Random));
+    }
 
     #[test]
     fn splices_at_the_top_level_metadata_only() {

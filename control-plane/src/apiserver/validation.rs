@@ -342,7 +342,7 @@ pub fn decode_typed(def: &ResourceDef, obj: &Value) -> Result<(Value, Vec<String
         _ => Ok(obj.clone()),
     }?;
     let mut unknown = Vec::new();
-    unknown_fields("", obj, &typed, &mut unknown);
+    unknown_fields(&mut Vec::new(), obj, &typed, &mut unknown);
     Ok((typed, unknown))
 }
 
@@ -352,27 +352,59 @@ fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, Stri
     serde_json::to_value(&t).map_err(|e| e.to_string())
 }
 
+/// One step of a path into an object.
+enum Step<'a> {
+    Field(&'a str),
+    Index(usize),
+}
+
+/// `spec.containers[0].bogus`, the way upstream names a field.
+fn path_text(path: &[Step<'_>]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Field(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Step::Index(i) => {
+                use std::fmt::Write;
+                let _ = write!(out, "[{i}]");
+            }
+        }
+    }
+    out
+}
+
 /// Paths in `sent` that the typed round trip dropped. Free-form maps
 /// (labels, data) survive the round trip whole, so only schema fields show.
-fn unknown_fields(path: &str, sent: &Value, typed: &Value, out: &mut Vec<String>) {
+/// `path` leads to `sent`; a path is only spelled out for a field that is
+/// reported, since almost none are.
+fn unknown_fields<'a>(
+    path: &mut Vec<Step<'a>>,
+    sent: &'a Value,
+    typed: &Value,
+    out: &mut Vec<String>,
+) {
     match (sent, typed) {
         (Value::Object(s), Value::Object(t)) => {
             for (k, v) in s {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
+                path.push(Step::Field(k));
                 match t.get(k) {
-                    Some(tv) => unknown_fields(&p, v, tv, out),
+                    Some(tv) => unknown_fields(path, v, tv, out),
                     None if v.is_null() => {}
-                    None => out.push(p),
+                    None => out.push(path_text(path)),
                 }
+                path.pop();
             }
         }
         (Value::Array(s), Value::Array(t)) => {
             for (i, (sv, tv)) in s.iter().zip(t.iter()).enumerate() {
-                unknown_fields(&format!("{path}[{i}]"), sv, tv, out);
+                path.push(Step::Index(i));
+                unknown_fields(path, sv, tv, out);
+                path.pop();
             }
         }
         _ => {}

@@ -1,0 +1,118 @@
+//! A light load generator: HTTP/1.1 over TLS with the admin client
+//! certificate, one connection per worker, bodies serialised before the
+//! clock starts. It sends the same API requests a client library would;
+//! what it leaves out is the library's own CPU (kube-rs spends about as
+//! much per request as the server does, and both share the same cores).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use base64::Engine;
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+/// One request to send.
+pub struct Call {
+    pub method: Method,
+    pub path: String,
+    pub body: Option<Bytes>,
+}
+
+/// A connection of [`Target::connect`].
+pub type Conn = SendRequest<Full<Bytes>>;
+
+/// TLS client settings from a kubeconfig's first cluster and user.
+pub struct Target {
+    addr: SocketAddr,
+    tls: tokio_rustls::TlsConnector,
+}
+
+/// `doc[list][0][entry][field]`, base64-decoded (kubeconfig `*-data` fields).
+fn kubeconfig_data(
+    doc: &serde_yaml::Value,
+    list: &str,
+    entry: &str,
+    field: &str,
+) -> anyhow::Result<Vec<u8>> {
+    let b64 = doc[list][0][entry][field]
+        .as_str()
+        .with_context(|| format!("kubeconfig has no {list}[0].{entry}.{field}"))?;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .with_context(|| format!("kubeconfig {field} is not base64"))
+}
+
+impl Target {
+    /// The server and client certificate of `kubeconfig` (as the server
+    /// writes `admin.kubeconfig`: embedded PEM data).
+    pub fn from_kubeconfig(path: &Path, addr: SocketAddr) -> anyhow::Result<Target> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        let ca = kubeconfig_data(&doc, "clusters", "cluster", "certificate-authority-data")?;
+        let cert = kubeconfig_data(&doc, "users", "user", "client-certificate-data")?;
+        let key = kubeconfig_data(&doc, "users", "user", "client-key-data")?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&ca) {
+            roots.add(c?)?;
+        }
+        let chain = CertificateDer::pem_slice_iter(&cert).collect::<Result<Vec<_>, _>>()?;
+        let key = PrivateKeyDer::from_pem_slice(&key)?;
+        let mut cfg = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Target {
+            addr,
+            tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
+        })
+    }
+
+    /// One HTTP/1.1 connection (TLS handshake included).
+    pub async fn connect(&self) -> anyhow::Result<Conn> {
+        let tcp = tokio::net::TcpStream::connect(self.addr).await?;
+        tcp.set_nodelay(true)?;
+        let name = ServerName::from(self.addr.ip());
+        let tls = self.tls.connect(name, tcp).await?;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+        // A broken connection fails the request in flight, which reports it.
+        tokio::spawn(conn);
+        Ok(send)
+    }
+}
+
+/// One request; the answer's status and whole body.
+pub async fn send(conn: &mut Conn, call: Call) -> anyhow::Result<(StatusCode, Bytes)> {
+    conn.ready().await?;
+    let mut req = Request::builder()
+        .method(call.method)
+        .uri(call.path)
+        .header(header::HOST, "127.0.0.1")
+        .header(header::ACCEPT, "application/json");
+    if call.body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    let req = req.body(Full::new(call.body.unwrap_or_default()))?;
+    let resp = conn.send_request(req).await?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, body))
+}
+
+/// An error unless `status` is `want`, with the server's message.
+pub fn expect_status(status: StatusCode, want: u16, body: &[u8]) -> anyhow::Result<()> {
+    if status.as_u16() != want {
+        bail!(
+            "status {status} (want {want}): {}",
+            String::from_utf8_lossy(&body[..body.len().min(300)])
+        );
+    }
+    Ok(())
+}
