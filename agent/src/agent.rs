@@ -318,86 +318,18 @@ fn start_services<S, F>(
         ));
     }
     if serve_dns {
-        tokio::spawn(cluster_dns(config.clone(), stores, pod_cidr, stopped()));
-    }
-}
-
-/// Serve the cluster DNS on the pod CIDR's gateway (bound before the
-/// bridge has the address, which comes with the first pod), moving with
-/// the CIDR if it ever changes. Failures are logged and retried.
-async fn cluster_dns(
-    config: Config,
-    stores: crate::proxy::source::Stores,
-    mut pod_cidr: watch::Receiver<Option<String>>,
-    stop: impl Future<Output = ()>,
-) {
-    use crate::dns::{DnsConfig, DnsServer};
-    const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
-    tokio::pin!(stop);
-    loop {
-        let gateway = pod_cidr
-            .borrow_and_update()
-            .as_deref()
-            .and_then(crate::network::gateway);
-        let mut failed = false;
-        if let Some(ip) = gateway {
-            let dns = DnsConfig {
-                listen: vec![std::net::SocketAddr::new(
-                    ip,
-                    crate::dns::upstream::DNS_PORT,
-                )],
-                domain: config.cluster_domain.clone(),
-                resolv_conf: config.resolv_conf.clone(),
-                ..DnsConfig::default()
-            };
-            match DnsServer::bind(dns, stores.services.clone(), stores.slices.clone()).await {
-                Ok(server) => {
-                    tracing::info!(address = %ip, domain = %config.cluster_domain, "cluster DNS serving");
-                    let (done, done_rx) = tokio::sync::oneshot::channel::<()>();
-                    let run = server.run(async {
-                        let _ = done_rx.await;
-                    });
-                    tokio::pin!(run);
-                    tokio::select! {
-                        () = &mut stop => {
-                            let _ = done.send(());
-                            let _ = run.await;
-                            return;
-                        }
-                        r = pod_cidr.changed() => {
-                            let _ = done.send(());
-                            let _ = run.await;
-                            if r.is_err() {
-                                return;
-                            }
-                            continue;
-                        }
-                        r = &mut run => {
-                            if let Err(e) = r {
-                                tracing::error!("cluster DNS on {ip} stopped: {e}; restarting in {RETRY:?}");
-                            }
-                            failed = true;
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::error!("cluster DNS on {ip}: {e}; retrying in {RETRY:?}");
-                    failed = true;
-                }
-            }
-        }
-        let retry = async {
-            if failed {
-                tokio::time::sleep(RETRY).await
-            } else {
-                std::future::pending().await
-            }
+        let dns = crate::dns::DnsConfig {
+            domain: config.cluster_domain.clone(),
+            resolv_conf: config.resolv_conf.clone(),
+            ..Default::default()
         };
-        tokio::select! {
-            () = &mut stop => return,
-            r = pod_cidr.changed() => if r.is_err() { return },
-            () = retry => {}
-        }
+        tokio::spawn(crate::dns::gateway::serve(
+            dns,
+            stores.services,
+            stores.slices,
+            pod_cidr,
+            stopped(),
+        ));
     }
 }
 

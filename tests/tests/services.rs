@@ -384,7 +384,10 @@ async fn scenario(cluster: &mut Cluster, mode: &str) -> Result<()> {
         "echo | timeout 5 nc -w 3 kubernetes.default.svc.cluster.local 443 && echo open || echo closed",
     )
     .await?;
-    ensure!(api.trim().ends_with("open"), "[{mode}] the kubernetes service: {api:?}");
+    ensure!(
+        api.trim().ends_with("open"),
+        "[{mode}] the kubernetes service: {api:?}"
+    );
 
     // Pod to pod across nodes, directly.
     let web2_ip = pods

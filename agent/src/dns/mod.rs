@@ -10,10 +10,13 @@
 //! - [`upstream`]: resolv.conf, re-read as it changes; forwarding with a
 //!   timeout and failover.
 //! - [`listen`]: UDP and TCP sockets bound with IP_FREEBIND.
+//! - [`gateway`]: the server on a node's pod gateway, following the pod
+//!   CIDR.
 //!
 //! Pods with `dnsPolicy: ClusterFirst` reach it through the nameserver
 //! that `--cluster-dns` puts in their resolv.conf (runtime::sandbox).
 
+pub mod gateway;
 mod handler;
 pub mod listen;
 pub mod upstream;

@@ -60,7 +60,10 @@ mod tests {
         let other = (Ipv4Addr::new(198, 18, 2, 0), 24);
         let s = script(local, &[other, local]);
         assert!(s.starts_with("add table ip skiff-network\ndelete table ip skiff-network\n"));
-        assert!(s.contains("pod-cidrs { 198.18.1.0/24, 198.18.2.0/24 }"), "{s}");
+        assert!(
+            s.contains("pod-cidrs { 198.18.1.0/24, 198.18.2.0/24 }"),
+            "{s}"
+        );
         assert!(s.contains("ip saddr 198.18.1.0/24 ip daddr != @pod-cidrs masquerade"));
     }
 }

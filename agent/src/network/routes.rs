@@ -215,7 +215,9 @@ impl Routes {
                         Err(e) => {
                             let msg = e.to_string();
                             if msg != masq_error {
-                                tracing::error!("masquerade of pod traffic leaving the pod network: {msg}");
+                                tracing::error!(
+                                    "masquerade of pod traffic leaving the pod network: {msg}"
+                                );
                             }
                             masq_error = msg;
                         }
