@@ -7,6 +7,7 @@
 //!   subresources, Table printing, OpenAPI)
 //! - [`auth`]: authentication, RBAC, the Node authorizer
 //! - [`pki`]: CA, serving and client certificates, kubeconfigs
+//! - [`tokens`]: join tokens (bootstrap token Secrets) for `token create`
 //! - [`server`]: HTTPS listener and lifecycle
 //! - [`config`]: flags + YAML config; [`metrics`]: Prometheus metrics
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@ pub mod server;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod tokens;
 
 pub use config::Config;
 pub use server::{start, ServerHandle};

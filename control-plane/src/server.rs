@@ -176,6 +176,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     );
     api.set_kubelet_client(&pki.kubelet_client_cert()?)
         .map_err(Error::Tls)?;
+    api.set_cluster_ca(pki.ca_pem());
     api.start_background().await?;
 
     tracing::info!(
