@@ -102,7 +102,27 @@ pub struct Config {
     /// How often logs are checked for rotation
     /// (containerLogMonitorInterval, 10s).
     pub container_log_monitor_interval: Duration,
+    /// Where `skiff-agent join` put the kubeconfig (and `install` the
+    /// config file): used when `--kubeconfig` / `--config` are not given.
+    pub config_dir: PathBuf,
+    /// Renew the client certificate through CSRs before it expires
+    /// (rotateCertificates), when the kubeconfig names it as one file.
+    pub rotate_certificates: bool,
+    /// Obtain and renew the node server's serving certificate through CSRs
+    /// (serverTLSBootstrap) instead of a self-signed one.
+    pub rotate_server_certificates: bool,
+    /// Graceful node shutdown (shutdownGracePeriod): how long shutdown is
+    /// delayed to stop pods; zero turns it off.
+    pub shutdown_grace_period: Duration,
+    /// The part of it reserved for critical pods, which stop last
+    /// (shutdownGracePeriodCriticalPods).
+    pub shutdown_grace_period_critical_pods: Duration,
 }
+
+/// The default config directory.
+pub const DEFAULT_CONFIG_DIR: &str = "/etc/skiff/agent";
+/// The config file `install` writes there.
+pub const CONFIG_FILE: &str = "config.yaml";
 
 impl Default for Config {
     fn default() -> Self {
@@ -140,6 +160,11 @@ impl Default for Config {
             container_log_max_size: Some(10 << 20),
             container_log_max_files: 5,
             container_log_monitor_interval: Duration::from_secs(10),
+            config_dir: DEFAULT_CONFIG_DIR.into(),
+            rotate_certificates: true,
+            rotate_server_certificates: false,
+            shutdown_grace_period: Duration::ZERO,
+            shutdown_grace_period_critical_pods: Duration::ZERO,
         }
     }
 }
@@ -186,6 +211,11 @@ pub struct FileConfig {
     pub container_log_max_size: Option<String>,
     pub container_log_max_files: Option<u32>,
     pub container_log_monitor_interval: Option<DurationStr>,
+    pub rotate_certificates: Option<bool>,
+    #[serde(rename = "serverTLSBootstrap")]
+    pub server_tls_bootstrap: Option<bool>,
+    pub shutdown_grace_period: Option<DurationStr>,
+    pub shutdown_grace_period_critical_pods: Option<DurationStr>,
 }
 
 impl FileConfig {
@@ -266,6 +296,16 @@ impl FileConfig {
         if let Some(addr) = self.status_address {
             c.status_address = parse_optional_addr(&addr)?;
         }
+        set!(rotate_certificates, self.rotate_certificates);
+        set!(rotate_server_certificates, self.server_tls_bootstrap);
+        set!(
+            shutdown_grace_period,
+            self.shutdown_grace_period.map(|d| d.0)
+        );
+        set!(
+            shutdown_grace_period_critical_pods,
+            self.shutdown_grace_period_critical_pods.map(|d| d.0)
+        );
         Ok(())
     }
 }

@@ -20,14 +20,19 @@
 //! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
+//! - [`certs`]: joining with a token; node certificates through CSRs and
+//!   their rotation.
+//! - [`install`]: `install` / `uninstall` as a systemd service.
 //! - [`agent`]: wiring it all together.
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod apiclient;
 pub mod backoff;
+pub mod certs;
 pub mod config;
 pub mod events;
+pub mod install;
 pub mod lifecycle;
 pub mod logs;
 pub mod manager;

@@ -828,7 +828,7 @@ async fn teardown(
 }
 
 /// An orphan's log directory is found by its uid suffix.
-fn remove_log_dirs_of(root: &std::path::Path, uid: &str) {
+pub(crate) fn remove_log_dirs_of(root: &std::path::Path, uid: &str) {
     let suffix = format!("_{uid}");
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         if e.file_name().to_string_lossy().ends_with(&suffix) {

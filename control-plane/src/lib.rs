@@ -8,6 +8,7 @@
 //! - [`auth`]: authentication, RBAC, the Node authorizer
 //! - [`pki`]: CA, serving and client certificates, kubeconfigs
 //! - [`tokens`]: join tokens (bootstrap token Secrets) for `token create`
+//! - [`install`]: `install` / `uninstall` as a systemd service
 //! - [`server`]: HTTPS listener and lifecycle
 //! - [`config`]: flags + YAML config; [`metrics`]: Prometheus metrics
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@ pub mod apiserver;
 pub mod auth;
 pub mod components;
 pub mod config;
+pub mod install;
 pub mod metrics;
 pub mod pki;
 pub mod server;

@@ -6,7 +6,10 @@
 //! - [`logging`]: the `tracing` subscriber: journald's `<N>` priority
 //!   prefixes and no timestamps or colours when stderr is the journal,
 //!   colours only on a terminal otherwise.
+//! - [`install`]: the shipped unit files, rendered and installed with the
+//!   binary; `systemctl` behind a narrow trait.
 #![forbid(unsafe_code)]
 
+pub mod install;
 pub mod logging;
 pub mod notify;

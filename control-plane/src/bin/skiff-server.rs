@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use skiff_control_plane::config::{Config, Settings};
-use skiff_control_plane::{components, pki, server, store, tokens};
+use skiff_control_plane::{components, install, pki, server, store, tokens};
+use skiff_daemon::install::SystemctlCommand;
 
 /// mimalloc instead of glibc malloc: the request path allocates a lot
 /// (JSON values), and glibc's malloc/free took about a quarter of the
@@ -143,6 +144,35 @@ enum Cmd {
     /// Join tokens for `skiff-agent join` (bootstrap token Secrets).
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Install as a systemd service (binary, config, unit; enabled and started).
+    Install {
+        #[command(flatten)]
+        dirs: InstallDirs,
+        /// Install this config file (default: bind 0.0.0.0, state in --data-dir).
+        #[arg(long)]
+        config_from: Option<PathBuf>,
+        /// Enable the unit without starting it.
+        #[arg(long)]
+        no_start: bool,
+    },
+    /// Stop and remove the service; --purge also removes the data dir (the
+    /// cluster's state and CA) and the config.
+    Uninstall {
+        #[command(flatten)]
+        dirs: InstallDirs,
+        #[arg(long)]
+        purge: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct InstallDirs {
+    #[arg(long, default_value = skiff_control_plane::install::DEFAULT_CONFIG_DIR)]
+    config_dir: PathBuf,
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_BIN_DIR)]
+    bin_dir: PathBuf,
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_UNIT_DIR)]
+    unit_dir: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]
@@ -241,6 +271,42 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Some(Cmd::Token(cmd)) => token(cmd, &cfg).await,
+        Some(Cmd::Install {
+            dirs,
+            config_from,
+            no_start,
+        }) => {
+            let o = install::InstallOptions {
+                config_dir: dirs.config_dir,
+                config_from,
+                data_dir: cfg.data_dir.clone(),
+                bin_dir: dirs.bin_dir,
+                unit_dir: dirs.unit_dir,
+                start: !no_start,
+            };
+            let unit =
+                install::install(&o, &SystemctlCommand).context("installing skiff-server")?;
+            println!(
+                "installed {}; once it serves: skiff-server token create --data-dir {}",
+                unit.display(),
+                cfg.data_dir.display()
+            );
+            Ok(())
+        }
+        Some(Cmd::Uninstall { dirs, purge }) => {
+            let o = install::UninstallOptions {
+                config_dir: dirs.config_dir,
+                bin_dir: dirs.bin_dir,
+                unit_dir: dirs.unit_dir,
+                purge,
+            };
+            install::uninstall(&o, &SystemctlCommand).context("uninstalling skiff-server")?;
+            println!(
+                "uninstalled skiff-server{}",
+                if purge { " and removed its state" } else { "" }
+            );
+            Ok(())
+        }
         Some(Cmd::Snapshot(SnapshotCmd::Save { file })) => {
             let st = server::open_store(&cfg)
                 .await
