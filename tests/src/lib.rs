@@ -23,6 +23,8 @@
 //!   (a containerd and a joined `skiff-agent` each) on this machine, node
 //!   pod subnets assigned by the server's node IPAM from a leased block;
 //!   real kubectl as admin; kill and restart of agents and server.
+//! - [`join`]: nodes joined with `skiff-server token create` and
+//!   `skiff-agent join`, their agents started on the joined kubeconfig.
 //! - [`cleanup`]: teardown in dependency order (CRI, containerd, runc,
 //!   shims, mounts, netns, bridge, iptables/nft, directory, subnet lease),
 //!   run from `Drop` even after a panic, and a sweeper that tears down runs
@@ -38,6 +40,7 @@ pub mod cleanup;
 pub mod cluster;
 pub mod containerd;
 pub mod images;
+pub mod join;
 pub mod rawcri;
 pub mod registry;
 
