@@ -12,7 +12,7 @@
 //! mounts under its root dir undone, and its root dir, pod logs and config
 //! directory (credentials included) removed.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use skiff_daemon::install::{self as unit, Systemctl, Unit};
@@ -34,13 +34,6 @@ pub enum Error {
     Unit(#[from] unit::Error),
     #[error(transparent)]
     Config(#[from] crate::config::Error),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("purging pods through {endpoint}: {source}")]
     Runtime {
         endpoint: String,
@@ -90,35 +83,21 @@ pub fn default_config(node_name: Option<&str>) -> String {
     text
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_owned();
-    move |source| Error::Io { what, path, source }
-}
-
 /// Install, join and start; returns the unit file's path.
 ///
 /// # Errors
 /// Any step; the ones done stay done (run it again, or uninstall).
 pub async fn install(o: &InstallOptions, systemctl: &dyn Systemctl) -> Result<PathBuf, Error> {
     let dir = &o.join.config_dir;
-    let exe = std::env::current_exe().map_err(io("finding", Path::new("the running binary")))?;
     let binary = o.bin_dir.join("skiff-agent");
-    unit::install_binary(&exe, &binary)?;
-    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
-    let config = dir.join(CONFIG_FILE);
-    match &o.config_from {
-        Some(src) => {
-            // Refuse a file the agent would refuse at start.
-            FileConfig::load(src)?;
-            let text = std::fs::read(src).map_err(io("reading", src))?;
-            std::fs::write(&config, text).map_err(io("writing", &config))?;
-        }
-        None if !config.exists() => {
-            let text = default_config(Some(&o.join.node_name));
-            std::fs::write(&config, text).map_err(io("writing", &config))?;
-        }
-        None => {}
-    }
+    unit::install_self(&binary)?;
+    // Refuse a file the agent would refuse at start.
+    unit::install_config(
+        &dir.join(CONFIG_FILE),
+        o.config_from.as_deref(),
+        &default_config(Some(&o.join.node_name)),
+        |p| FileConfig::load(p).map(drop).map_err(|e| e.to_string()),
+    )?;
     match join::join(&o.join).await {
         Ok(j) => tracing::info!(node = %j.node_name, "joined"),
         Err(join::Error::AlreadyJoined { node, .. }) => {

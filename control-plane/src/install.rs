@@ -28,18 +28,6 @@ pub enum Error {
     Unit(#[from] unit::Error),
     #[error(transparent)]
     Config(#[from] crate::config::Error),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_owned();
-    move |source| Error::Io { what, path, source }
 }
 
 /// What `install` does.
@@ -82,21 +70,15 @@ pub fn default_config(data_dir: &Path) -> String {
 /// # Errors
 /// Any step; the ones done stay done.
 pub fn install(o: &InstallOptions, systemctl: &dyn Systemctl) -> Result<PathBuf, Error> {
-    let exe = std::env::current_exe().map_err(io("finding", Path::new("the running binary")))?;
     let binary = o.bin_dir.join("skiff-server");
-    unit::install_binary(&exe, &binary)?;
-    std::fs::create_dir_all(&o.config_dir).map_err(io("creating", &o.config_dir))?;
+    unit::install_self(&binary)?;
     let config = o.config_dir.join(CONFIG_FILE);
-    match &o.config_from {
-        Some(src) => {
-            Settings::from_file(src)?;
-            std::fs::copy(src, &config).map_err(io("writing", &config))?;
-        }
-        None if !config.exists() => {
-            std::fs::write(&config, default_config(&o.data_dir)).map_err(io("writing", &config))?;
-        }
-        None => {}
-    }
+    unit::install_config(
+        &config,
+        o.config_from.as_deref(),
+        &default_config(&o.data_dir),
+        |p| Settings::from_file(p).map(drop).map_err(|e| e.to_string()),
+    )?;
     let u = Unit {
         name: UNIT,
         template: unit::SERVER_UNIT,

@@ -293,39 +293,26 @@ async fn bootstrap_tokens_join_nodes_through_approved_csrs() {
     // Serving certificates: for the node's reported addresses only, never
     // the API server's.
     let ip: std::net::IpAddr = "198.18.7.7".parse().unwrap();
-    let good = node_csrs
-        .create(
-            &PostParams::default(),
-            &csr_object(
-                names::SIGNER_KUBELET_SERVING,
-                &csr::new_node_serving("n1", &["n1".into()], &[ip])
-                    .unwrap()
-                    .csr_pem,
-                csr::NODE_SERVING_USAGES,
-            ),
+    let serving_for = |ip: std::net::IpAddr| {
+        let pem = csr::new_node_serving("n1", &["n1".into()], &[ip])
+            .unwrap()
+            .csr_pem;
+        csr_object(
+            names::SIGNER_KUBELET_SERVING,
+            &pem,
+            csr::NODE_SERVING_USAGES,
         )
-        .await
-        .unwrap()
-        .metadata
-        .name
-        .unwrap();
+    };
+    let created = |c: CertificateSigningRequest| c.metadata.name.unwrap();
+    let pp = PostParams::default();
+    let good = created(node_csrs.create(&pp, &serving_for(ip)).await.unwrap());
     let apiserver_ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let bad = node_csrs
-        .create(
-            &PostParams::default(),
-            &csr_object(
-                names::SIGNER_KUBELET_SERVING,
-                &csr::new_node_serving("n1", &["n1".into()], &[apiserver_ip])
-                    .unwrap()
-                    .csr_pem,
-                csr::NODE_SERVING_USAGES,
-            ),
-        )
-        .await
-        .unwrap()
-        .metadata
-        .name
-        .unwrap();
+    let bad = created(
+        node_csrs
+            .create(&pp, &serving_for(apiserver_ip))
+            .await
+            .unwrap(),
+    );
     let status = serde_json::json!({"status": NodeStatus {
         addresses: Some(vec![
             NodeAddress { type_: "InternalIP".into(), address: ip.to_string() },

@@ -28,6 +28,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The config file to install is one the daemon would refuse.
+    #[error("config file {path}: {why}")]
+    Config { path: PathBuf, why: String },
     /// systemctl could not be run, or failed.
     #[error("systemctl {args}: {why}")]
     Systemctl { args: String, why: String },
@@ -102,6 +105,15 @@ impl Unit {
     }
 }
 
+/// Copy the running executable to `dst` (see [`install_binary`]).
+///
+/// # Errors
+/// The executable cannot be found, or copying fails.
+pub fn install_self(dst: &Path) -> Result<()> {
+    let exe = std::env::current_exe().map_err(io("finding", Path::new("the running binary")))?;
+    install_binary(&exe, dst)
+}
+
 /// Copy `src` (normally the running executable) to `dst` (mode 0755,
 /// replaced atomically); nothing to do when they are the same file.
 ///
@@ -124,6 +136,35 @@ pub fn install_binary(src: &Path, dst: &Path) -> Result<()> {
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
         .map_err(io("making executable", &tmp))?;
     std::fs::rename(&tmp, dst).map_err(io("installing", dst))
+}
+
+/// Put the daemon's config file at `path`: a copy of `from` (after
+/// `check` accepts it), or else `default` unless a file is already there
+/// (a re-run keeps what an operator edited).
+///
+/// # Errors
+/// `check` refuses the file (its message), or reading or writing fails.
+pub fn install_config(
+    path: &Path,
+    from: Option<&Path>,
+    default: &str,
+    check: impl FnOnce(&Path) -> std::result::Result<(), String>,
+) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    }
+    match from {
+        Some(src) => {
+            check(src).map_err(|why| Error::Config {
+                path: src.to_owned(),
+                why,
+            })?;
+            std::fs::copy(src, path).map_err(io("writing", path))?;
+        }
+        None if !path.exists() => std::fs::write(path, default).map_err(io("writing", path))?,
+        None => {}
+    }
+    Ok(())
 }
 
 /// Write the unit into `unit_dir`, reload systemd, and enable and start it.

@@ -64,7 +64,7 @@ fn api_error(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
     }
 }
 
-fn condition<'a>(c: &'a CertificateSigningRequest, ty: &str) -> Option<(String, String)> {
+fn condition(c: &CertificateSigningRequest, ty: &str) -> Option<(String, String)> {
     c.status
         .as_ref()?
         .conditions

@@ -10,10 +10,41 @@
 pub mod approve;
 pub mod sign;
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::{watcher, Controller};
+use kube::{Api, ResourceExt};
+
+use crate::{Ctx, Error};
+
+/// A failed reconcile is tried again this soon.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Run `reconcile` for every CSR as it changes, until the watch ends; a
+/// failure is logged as failed `doing` and retried.
+pub(crate) async fn control<F, Fut>(ctx: Ctx, doing: &'static str, reconcile: F)
+where
+    F: FnMut(Arc<CertificateSigningRequest>, Arc<Ctx>) -> Fut,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let api: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
+    let error_policy = move |csr: Arc<CertificateSigningRequest>, err: &Error, _: Arc<Ctx>| {
+        tracing::warn!(csr = %csr.name_any(), "{doing} the CSR failed, retrying: {err}");
+        Action::requeue(RETRY)
+    };
+    Controller::new(api, watcher::Config::default())
+        .run(reconcile, error_policy, Arc::new(ctx))
+        .for_each(|_| async {})
+        .await;
+}
 
 /// Whether the request has a condition of type `ty`.
 pub fn has_condition(csr: &CertificateSigningRequest, ty: &str) -> bool {
@@ -53,4 +84,18 @@ pub fn with_condition(
             last_transition_time: Some(now),
         });
     csr
+}
+
+/// A request as a test writes it: `pem` to `signer` for `usages`.
+#[cfg(test)]
+pub(crate) fn test_request(signer: &str, pem: &str, usages: &[&str]) -> CertificateSigningRequest {
+    CertificateSigningRequest {
+        spec: k8s_openapi::api::certificates::v1::CertificateSigningRequestSpec {
+            request: k8s_openapi::ByteString(pem.as_bytes().to_vec()),
+            signer_name: signer.into(),
+            usages: Some(usages.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
 }

@@ -364,18 +364,14 @@ impl ApiServer {
         if id.in_group("system:masters") {
             return Ok(());
         }
-        match auth::csr::authorize(id, a, self.store.as_ref()).await {
-            node::Decision::Allow => return Ok(()),
-            node::Decision::Deny(why) => {
-                return Err(ApiError::forbidden(format!(
-                    "{}: {why}",
-                    a.forbidden_message(&id.user)
-                )));
-            }
-            node::Decision::NoOpinion => {}
-        }
+        // The specific authorizers first; each allows, denies, or leaves
+        // the request to the next.
+        let mut decisions = vec![auth::csr::authorize(id, a, self.store.as_ref()).await];
         if let Some(node_name) = id.node_name() {
-            match node::authorize(node_name, a, self.store.as_ref()).await {
+            decisions.push(node::authorize(node_name, a, self.store.as_ref()).await);
+        }
+        for d in decisions {
+            match d {
                 node::Decision::Allow => return Ok(()),
                 node::Decision::Deny(why) => {
                     return Err(ApiError::forbidden(format!(

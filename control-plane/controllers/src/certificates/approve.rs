@@ -28,7 +28,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -36,7 +35,6 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Endpoints, Node, Service};
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
-use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
 use skiff_bootstrap::{csr, names};
 
@@ -46,20 +44,10 @@ use crate::{Ctx, Error};
 /// A recognized request that is not (yet) allowed is looked at again this
 /// often: a binding may be created, a Node may report its addresses.
 const RECHECK: Duration = Duration::from_secs(5);
-const RETRY: Duration = Duration::from_secs(2);
 
 pub async fn run(ctx: Ctx) -> Result<(), Error> {
-    let api: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|_| async {})
-        .await;
+    super::control(ctx, "approving", reconcile).await;
     Ok(())
-}
-
-fn error_policy(csr: Arc<CertificateSigningRequest>, err: &Error, _: Arc<Ctx>) -> Action {
-    tracing::warn!(csr = %csr.name_any(), "approving the CSR failed, retrying: {err}");
-    Action::requeue(RETRY)
 }
 
 /// What a pending request was recognized as.
@@ -277,9 +265,6 @@ async fn sar_allows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::certificates::v1::CertificateSigningRequestSpec;
-    use k8s_openapi::ByteString;
-
     fn request(
         signer: &str,
         pem: &str,
@@ -287,17 +272,10 @@ mod tests {
         user: &str,
         groups: &[&str],
     ) -> CertificateSigningRequest {
-        CertificateSigningRequest {
-            spec: CertificateSigningRequestSpec {
-                request: ByteString(pem.as_bytes().to_vec()),
-                signer_name: signer.into(),
-                usages: Some(usages.iter().map(|s| s.to_string()).collect()),
-                username: Some(user.into()),
-                groups: Some(groups.iter().map(|s| s.to_string()).collect()),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
+        let mut r = super::super::test_request(signer, pem, usages);
+        r.spec.username = Some(user.into());
+        r.spec.groups = Some(groups.iter().map(|s| s.to_string()).collect());
+        r
     }
 
     #[test]

@@ -17,12 +17,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::ByteString;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
-use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
 use rcgen::{ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use skiff_bootstrap::{csr, names};
@@ -30,7 +28,6 @@ use skiff_bootstrap::{csr, names};
 use super::{has_condition, is_issued, with_condition};
 use crate::{Ctx, Error, SigningCa};
 
-const RETRY: Duration = Duration::from_secs(2);
 /// Backdating of `notBefore` (upstream's signer uses five minutes).
 const BACKDATE: Duration = Duration::from_secs(5 * 60);
 
@@ -53,17 +50,8 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
     // Fail loudly at start on an unusable CA rather than on every request.
     ca.issuer()
         .map_err(|e| Error::Config(format!("cluster signing CA: {e}")))?;
-    let api: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|_| async {})
-        .await;
+    super::control(ctx, "signing", reconcile).await;
     Ok(())
-}
-
-fn error_policy(csr: Arc<CertificateSigningRequest>, err: &Error, _: Arc<Ctx>) -> Action {
-    tracing::warn!(csr = %csr.name_any(), "signing the CSR failed, retrying: {err}");
-    Action::requeue(RETRY)
 }
 
 impl SigningCa {
@@ -214,8 +202,6 @@ async fn reconcile(req: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::certificates::v1::CertificateSigningRequestSpec;
-
     fn ca() -> SigningCa {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -233,16 +219,9 @@ mod tests {
         usages: &[&str],
         seconds: Option<i32>,
     ) -> CertificateSigningRequest {
-        CertificateSigningRequest {
-            spec: CertificateSigningRequestSpec {
-                request: ByteString(pem.as_bytes().to_vec()),
-                signer_name: signer.into(),
-                usages: Some(usages.iter().map(|s| s.to_string()).collect()),
-                expiration_seconds: seconds,
-                ..Default::default()
-            },
-            ..Default::default()
-        }
+        let mut r = super::super::test_request(signer, pem, usages);
+        r.spec.expiration_seconds = seconds;
+        r
     }
 
     #[test]
