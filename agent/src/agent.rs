@@ -224,8 +224,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         tokio::spawn(logs.run(stopped()));
     }
     let mut node_task = None;
+    let shutting_down = Arc::new(crate::shutdown::ShuttingDown::default());
     if let Some(c) = &client {
-        let probe = Arc::new(CriProbe::new(runtime_for_node, Some(health.clone())));
+        let probe = Arc::new(crate::shutdown::ReportShutdown {
+            inner: Arc::new(CriProbe::new(runtime_for_node, Some(health.clone()))),
+            flag: shutting_down.clone(),
+        });
         let recorder = crate::events::api_recorder(c.clone(), &config.node_name);
         let node = NodeAgent::new(
             c.clone(),
@@ -254,6 +258,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         ));
     }
     let mut manager = Manager::new(shared, &[]);
+    if !config.shutdown_grace_period.is_zero() {
+        match crate::shutdown::logind::Logind::connect(config.shutdown_grace_period).await {
+            Ok(logind) => {
+                let (tx, rx) = mpsc::channel(2);
+                manager = manager.with_node_shutdown(rx);
+                let m = crate::shutdown::ShutdownManager {
+                    signals: logind,
+                    periods: crate::shutdown::Periods {
+                        total: config.shutdown_grace_period,
+                        critical: config.shutdown_grace_period_critical_pods,
+                    },
+                    statuses: statuses.clone(),
+                    commands: tx,
+                    client: client.clone(),
+                    shutting_down,
+                };
+                tokio::spawn(m.run(stopped()));
+            }
+            Err(e) => {
+                tracing::warn!("graceful node shutdown is off: cannot reach systemd-logind: {e}")
+            }
+        }
+    }
     if let Some(client) = client {
         sources.push(api::SOURCE);
         let (mirrors_tx, mirrors_rx) = watch::channel(MirrorPods::default());

@@ -23,6 +23,7 @@
 //! - [`certs`]: joining with a token; node certificates through CSRs and
 //!   their rotation.
 //! - [`install`]: `install` / `uninstall` as a systemd service.
+//! - [`shutdown`]: graceful node shutdown (logind inhibitor lock).
 //! - [`agent`]: wiring it all together.
 #![forbid(unsafe_code)]
 
@@ -46,6 +47,7 @@ pub mod pod;
 pub mod prober;
 pub mod runtime;
 pub mod server;
+pub mod shutdown;
 pub mod source;
 pub mod status;
 pub mod volumes;
