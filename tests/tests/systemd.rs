@@ -487,3 +487,93 @@ async fn scenario(c: &Pid1) -> Result<()> {
     .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstall_purge_removes_the_nodes_pods_mounts_state_and_credentials() -> Result<()> {
+    use skiff_tests::agent::{pods, Agent, AgentOptions};
+    use skiff_tests::{Containerd, TOOLBOX_IMAGE};
+    let cd = Containerd::start().await?;
+    let mut agent = Agent::start(&cd, AgentOptions::default()).await?;
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: doomed}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {TOOLBOX_IMAGE}\n    command: [sh, -c, \"trap 'exit 0' TERM; sleep 3600 & wait\"]\n    volumeMounts: [{{name: mem, mountPath: /mem}}]\n  volumes: [{{name: mem, emptyDir: {{medium: Memory}}}}]\n"
+    );
+    agent.write_manifest("doomed.yaml", &manifest)?;
+    let name = agent.pod_name("doomed");
+    agent
+        .wait_pod(&name, Duration::from_secs(90), "running", pods::all_running)
+        .await?;
+    // Stopping the agent leaves its containers running (KillMode=process
+    // relies on that); purging is what removes them.
+    agent.terminate()?;
+    let cri = cd.client();
+    let running = |cs: &[cri_proto::v1::Container]| {
+        cs.iter()
+            .filter(|c| c.state == cri_proto::v1::ContainerState::ContainerRunning as i32)
+            .count()
+    };
+    let listed = cri
+        .list_containers(cri_proto::v1::ListContainersRequest::default())
+        .await?
+        .containers;
+    ensure!(
+        running(&listed) == 1,
+        "the pod stopped with the agent: {listed:?}"
+    );
+    let root = agent.dir().join("root");
+    ensure!(
+        !cleanup::mounts_under(&root).is_empty(),
+        "no tmpfs under the root dir"
+    );
+
+    // What install leaves: the config and the credentials of a join.
+    let config_dir = agent.dir().join("config");
+    std::fs::create_dir_all(config_dir.join("pki"))?;
+    std::fs::write(
+        config_dir.join("config.yaml"),
+        format!(
+            "containerRuntimeEndpoint: {}\nrootDir: {}\npodLogDir: {}\n",
+            cd.endpoint(),
+            root.display(),
+            agent.log_dir().display()
+        ),
+    )?;
+    std::fs::write(config_dir.join("kubeconfig"), "{}")?;
+    std::fs::write(config_dir.join("pki/kubelet-client-current.pem"), "secret")?;
+    let binary = workspace_binary("skiff-agent", "skiff-agent")?;
+    let out = Command::new(&binary)
+        .args(["uninstall", "--purge"])
+        .arg(format!("--config-dir={}", config_dir.display()))
+        .arg(format!(
+            "--unit-dir={}",
+            agent.dir().join("units").display()
+        ))
+        .arg(format!("--bin-dir={}", agent.dir().join("bin").display()))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "uninstall --purge: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left = cri
+        .list_containers(cri_proto::v1::ListContainersRequest::default())
+        .await?
+        .containers;
+    ensure!(left.is_empty(), "containers left: {left:?}");
+    let sandboxes = cri
+        .list_pod_sandbox(cri_proto::v1::ListPodSandboxRequest::default())
+        .await?
+        .items;
+    ensure!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+    ensure!(
+        cleanup::mounts_under(&root).is_empty(),
+        "mounts left under {}",
+        root.display()
+    );
+    ensure!(!root.exists(), "root dir left");
+    ensure!(!config_dir.exists(), "config dir (credentials) left");
+    let logs: Vec<_> = std::fs::read_dir(agent.log_dir())
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    ensure!(logs.is_empty(), "pod logs left: {logs:?}");
+    Ok(())
+}
