@@ -366,20 +366,14 @@ impl ApiServer {
         }
         // The specific authorizers first; each allows, denies, or leaves
         // the request to the next.
-        let mut decisions = vec![auth::csr::authorize(id, a, self.store.as_ref()).await];
-        if let Some(node_name) = id.node_name() {
-            decisions.push(node::authorize(node_name, a, self.store.as_ref()).await);
+        let d = auth::csr::authorize(id, a, self.store.as_ref()).await;
+        if let Some(v) = decided(d, id, a) {
+            return v;
         }
-        for d in decisions {
-            match d {
-                node::Decision::Allow => return Ok(()),
-                node::Decision::Deny(why) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{}: {why}",
-                        a.forbidden_message(&id.user)
-                    )));
-                }
-                node::Decision::NoOpinion => {}
+        if let Some(node_name) = id.node_name() {
+            let d = node::authorize(node_name, a, self.store.as_ref()).await;
+            if let Some(v) = decided(d, id, a) {
+                return v;
             }
         }
         if self.rbac.allows(id, a) {
@@ -531,6 +525,19 @@ impl ApiServer {
         review["status"] = serde_json::json!({"allowed": allowed, "reason": reason});
         review["metadata"] = serde_json::json!({"creationTimestamp": null});
         Ok(json_response(201, &review))
+    }
+}
+
+/// What an authorizer's decision means for the request: allowed, a 403
+/// with its reason, or None to ask the next authorizer.
+fn decided(d: node::Decision, id: &Identity, a: &Attributes) -> Option<ApiResult<()>> {
+    match d {
+        node::Decision::Allow => Some(Ok(())),
+        node::Decision::Deny(why) => Some(Err(ApiError::forbidden(format!(
+            "{}: {why}",
+            a.forbidden_message(&id.user)
+        )))),
+        node::Decision::NoOpinion => None,
     }
 }
 
