@@ -3,9 +3,12 @@
 # ones, and checks the Rust toolchain. Safe to re-run.
 set -euo pipefail
 
+# systemd, systemd-container, dbus-daemon, openssl: the systemd tests
+# (systemd-analyze, a systemd-nspawn container with systemd as PID 1, a
+# private bus for graceful node shutdown, the served serving certificate).
 PACKAGES=(containerd runc containernetworking-plugins nftables iptables iproute2
           busybox-static etcd-server etcd-client protobuf-compiler gcc libc6-dev ca-certificates curl conntrack
-          bind9-dnsutils)
+          bind9-dnsutils systemd systemd-container dbus-daemon openssl)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -8,6 +8,7 @@ use cri_proto::CriClient;
 use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
+use crate::certs::rotate::Rotator;
 use crate::config::Config;
 use crate::events::LogRecorder;
 use crate::manager::Manager;
@@ -87,10 +88,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let runtime = Arc::new(Runtime::new(cri));
     // A bad kubeconfig is a start-up error; an unreachable API is not (the
     // joined loops retry, and static pods run meanwhile).
-    let client = match &config.kubeconfig {
+    let api = match &config.kubeconfig {
         Some(path) => Some(crate::apiclient::from_kubeconfig(path).await?),
         None => None,
     };
+    let client = api.as_ref().map(|a| a.client.clone());
     let mut facts = Facts::gather(&config.root_dir, config.max_pods);
     if config.node_ip.is_some() {
         facts.internal_ip = config.node_ip;
@@ -184,11 +186,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         });
     }
 
+    let mut serving_cert = None;
     if let Some(listener) = node_listener {
-        let tls = server::tls::server_config(
-            server::tls::serving_cert(&config, &facts.hostname, facts.internal_ip.as_slice())?,
-            server::tls::client_ca(&config)?,
-        )?;
+        let cert = server::tls::ReloadingCert::new(server::tls::serving_cert(
+            &config,
+            &facts.hostname,
+            facts.internal_ip.as_slice(),
+        )?)?;
+        serving_cert = Some(cert.clone());
+        let tls = server::tls::server_config(cert, server::tls::client_ca(&config)?)?;
         let state = ServerState {
             shared: shared.clone(),
             health: health.clone(),
@@ -225,8 +231,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         tokio::spawn(logs.run(stopped()));
     }
     let mut node_task = None;
+    let shutting_down = Arc::new(crate::shutdown::ShuttingDown::default());
     if let Some(c) = &client {
-        let probe = Arc::new(CriProbe::new(runtime_for_node, Some(health.clone())));
+        let probe = Arc::new(crate::shutdown::ReportShutdown {
+            inner: Arc::new(CriProbe::new(runtime_for_node, Some(health.clone()))),
+            flag: shutting_down.clone(),
+        });
         let recorder = crate::events::api_recorder(c.clone(), &config.node_name);
         let node = NodeAgent::new(
             c.clone(),
@@ -238,6 +248,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .with_pod_cidr(pod_cidr_tx);
         node_task = Some(tokio::spawn(node.run(stopped())));
         start_services(&config, c, pod_cidr, serve_dns, &stopped);
+    }
+    if let Some(api) = &api {
+        for rotator in rotators(&config, api, serving_cert, &facts) {
+            tokio::spawn(rotator.run(stopped()));
+        }
     }
 
     let (src_tx, src_rx) = mpsc::channel(16);
@@ -252,6 +267,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         ));
     }
     let mut manager = Manager::new(shared, &[]);
+    if !config.shutdown_grace_period.is_zero() {
+        match crate::shutdown::logind::Logind::connect(config.shutdown_grace_period).await {
+            Ok(logind) => {
+                let (tx, rx) = mpsc::channel(2);
+                manager = manager.with_node_shutdown(rx);
+                let m = crate::shutdown::ShutdownManager {
+                    signals: logind,
+                    periods: crate::shutdown::Periods {
+                        total: config.shutdown_grace_period,
+                        critical: config.shutdown_grace_period_critical_pods,
+                    },
+                    statuses: statuses.clone(),
+                    commands: tx,
+                    client: client.clone(),
+                    shutting_down,
+                };
+                tokio::spawn(m.run(stopped()));
+            }
+            Err(e) => {
+                tracing::warn!("graceful node shutdown is off: cannot reach systemd-logind: {e}")
+            }
+        }
+    }
     if let Some(client) = client {
         sources.push(api::SOURCE);
         let (mirrors_tx, mirrors_rx) = watch::channel(MirrorPods::default());
@@ -273,11 +311,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     drop(src_tx);
 
+    // Everything is started: systemd may consider the agent up.
+    skiff_daemon::notify::ready(&format!("node {} running", config.node_name));
+    let watchdog = skiff_daemon::notify::spawn_watchdog(|| true);
     manager
         .expect_sources(&sources)
         .run(src_rx, relist_rx, wake_rx, shutdown)
         .await;
     let _ = stop_tx.send(true);
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     pleg_task.abort();
     if let Some(t) = node_task {
         let _ = t.await;
@@ -331,6 +375,55 @@ fn start_services<S, F>(
             stopped(),
         ));
     }
+}
+
+/// The certificate rotations this configuration asks for: the client
+/// certificate when the kubeconfig names it as one file, the serving
+/// certificate with `--rotate-server-certificates` (unless files are given).
+fn rotators(
+    config: &Config,
+    api: &crate::apiclient::ApiClient,
+    serving: Option<Arc<server::tls::ReloadingCert>>,
+    facts: &Facts,
+) -> Vec<Rotator> {
+    use crate::certs::rotate::Kind;
+    let mut out = Vec::new();
+    let kubeconfig = api.reloader.kubeconfig();
+    if config.rotate_certificates {
+        match crate::certs::files::rotatable_client_file(kubeconfig) {
+            Some(file) => out.push(Rotator::new(
+                api.client.clone(),
+                &config.node_name,
+                file,
+                Kind::Client(api.reloader.clone()),
+            )),
+            None => tracing::info!(
+                kubeconfig = %kubeconfig.display(),
+                "client certificate rotation off: the kubeconfig's credentials are inline or in separate files"
+            ),
+        }
+    }
+    if let (true, None, Some(cert)) = (
+        config.rotate_server_certificates,
+        &config.tls_cert_file,
+        serving,
+    ) {
+        let mut dns = vec![config.node_name.clone()];
+        if facts.hostname != config.node_name && !facts.hostname.is_empty() {
+            dns.push(facts.hostname.clone());
+        }
+        out.push(Rotator::new(
+            api.client.clone(),
+            &config.node_name,
+            server::tls::issued_serving_path(config),
+            Kind::Serving {
+                cert,
+                dns,
+                ips: facts.internal_ip.into_iter().collect(),
+            },
+        ));
+    }
+    out
 }
 
 /// Forward the file source's snapshots to the pod manager, keeping the

@@ -124,7 +124,27 @@ pub struct Config {
     /// The node's InternalIP (the kubelet's `--node-ip`); by default the
     /// address of the interface the default route leaves by.
     pub node_ip: Option<std::net::IpAddr>,
+    /// Where `skiff-agent join` put the kubeconfig (and `install` the
+    /// config file): used when `--kubeconfig` / `--config` are not given.
+    pub config_dir: PathBuf,
+    /// Renew the client certificate through CSRs before it expires
+    /// (rotateCertificates), when the kubeconfig names it as one file.
+    pub rotate_certificates: bool,
+    /// Obtain and renew the node server's serving certificate through CSRs
+    /// (serverTLSBootstrap) instead of a self-signed one.
+    pub rotate_server_certificates: bool,
+    /// Graceful node shutdown (shutdownGracePeriod): how long shutdown is
+    /// delayed to stop pods; zero turns it off.
+    pub shutdown_grace_period: Duration,
+    /// The part of it reserved for critical pods, which stop last
+    /// (shutdownGracePeriodCriticalPods).
+    pub shutdown_grace_period_critical_pods: Duration,
 }
+
+/// The default config directory.
+pub const DEFAULT_CONFIG_DIR: &str = "/etc/skiff/agent";
+/// The config file `install` writes there.
+pub const CONFIG_FILE: &str = "config.yaml";
 
 impl Default for Config {
     fn default() -> Self {
@@ -171,6 +191,11 @@ impl Default for Config {
             resolv_conf: "/etc/resolv.conf".into(),
             pod_routes: true,
             node_ip: None,
+            config_dir: DEFAULT_CONFIG_DIR.into(),
+            rotate_certificates: true,
+            rotate_server_certificates: false,
+            shutdown_grace_period: Duration::ZERO,
+            shutdown_grace_period_critical_pods: Duration::ZERO,
         }
     }
 }
@@ -228,6 +253,11 @@ pub struct FileConfig {
     pub pod_routes: Option<bool>,
     #[serde(rename = "nodeIP")]
     pub node_ip: Option<std::net::IpAddr>,
+    pub rotate_certificates: Option<bool>,
+    #[serde(rename = "serverTLSBootstrap")]
+    pub server_tls_bootstrap: Option<bool>,
+    pub shutdown_grace_period: Option<DurationStr>,
+    pub shutdown_grace_period_critical_pods: Option<DurationStr>,
 }
 
 impl FileConfig {
@@ -326,6 +356,16 @@ impl FileConfig {
         set!(resolv_conf, self.resolv_conf);
         set!(pod_routes, self.pod_routes);
         c.node_ip = self.node_ip.or(c.node_ip.take());
+        set!(rotate_certificates, self.rotate_certificates);
+        set!(rotate_server_certificates, self.server_tls_bootstrap);
+        set!(
+            shutdown_grace_period,
+            self.shutdown_grace_period.map(|d| d.0)
+        );
+        set!(
+            shutdown_grace_period_critical_pods,
+            self.shutdown_grace_period_critical_pods.map(|d| d.0)
+        );
         Ok(())
     }
 }

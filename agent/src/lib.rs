@@ -25,15 +25,21 @@
 //! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
+//! - [`certs`]: joining with a token; node certificates through CSRs and
+//!   their rotation.
+//! - [`install`]: `install` / `uninstall` as a systemd service.
+//! - [`shutdown`]: graceful node shutdown (logind inhibitor lock).
 //! - [`agent`]: wiring it all together.
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod apiclient;
 pub mod backoff;
+pub mod certs;
 pub mod config;
 pub mod dns;
 pub mod events;
+pub mod install;
 pub mod lifecycle;
 pub mod logs;
 pub mod manager;
@@ -48,6 +54,7 @@ pub mod prober;
 pub mod proxy;
 pub mod runtime;
 pub mod server;
+pub mod shutdown;
 pub mod source;
 pub mod status;
 pub mod volumes;

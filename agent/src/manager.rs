@@ -37,6 +37,9 @@ pub struct Manager {
     /// Pods stopped because the API is deleting them, for the status
     /// manager to delete from the API. None when running standalone.
     deleted: Option<mpsc::UnboundedSender<Pod>>,
+    /// Graceful node shutdown's requests to stop pods; sender: the
+    /// shutdown manager. None when graceful shutdown is off.
+    node_shutdown: Option<mpsc::Receiver<crate::shutdown::NodeShutdown>>,
 }
 
 impl Manager {
@@ -50,7 +53,14 @@ impl Manager {
             done_tx,
             done_rx,
             deleted: None,
+            node_shutdown: None,
         }
+    }
+
+    /// Stop pods for a node shutdown when `rx` says so.
+    pub fn with_node_shutdown(mut self, rx: mpsc::Receiver<crate::shutdown::NodeShutdown>) -> Self {
+        self.node_shutdown = Some(rx);
+        self
     }
 
     /// Sources that must report once before orphans are removed.
@@ -86,8 +96,16 @@ impl Manager {
     ) {
         tokio::pin!(shutdown);
         let mut housekeeping = tokio::time::interval(Duration::from_secs(60));
+        let mut node_shutdown = self.node_shutdown.take();
         loop {
+            let next_node_shutdown = async {
+                match node_shutdown.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                Some(cmd) = next_node_shutdown => self.stop_for_node_shutdown(cmd),
                 Some(update) = sources.recv() => self.apply(update),
                 Some(relist) = relists.recv() => self.on_relist(relist),
                 Some(uid) = wakes.recv() => self.wake(&uid),
@@ -209,6 +227,24 @@ impl Manager {
             h.terminating = true;
             let _ = h.tx.send(Msg::Terminate { grace });
         }
+    }
+
+    /// Tell each pod's worker to stop it for the node's shutdown; the
+    /// request's `done` fires once all have.
+    fn stop_for_node_shutdown(&self, cmd: crate::shutdown::NodeShutdown) {
+        let mut stopped = Vec::new();
+        for (uid, grace) in cmd.pods {
+            if let Some(h) = self.workers.get(&uid) {
+                let (done, rx) = tokio::sync::oneshot::channel();
+                if h.tx.send(Msg::Shutdown { grace, done }).is_ok() {
+                    stopped.push(rx);
+                }
+            }
+        }
+        tokio::spawn(async move {
+            futures::future::join_all(stopped).await;
+            let _ = cmd.done.send(());
+        });
     }
 
     fn on_done(&mut self, uid: &str) {

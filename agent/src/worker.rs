@@ -150,6 +150,12 @@ pub enum Msg {
     Sync,
     /// Stop and remove the pod; `None` grace: the pod's own.
     Terminate { grace: Option<i64> },
+    /// The node shuts down: stop the pod within `grace` seconds, report it
+    /// Failed, never start it again; `done` fires once it is stopped.
+    Shutdown {
+        grace: i64,
+        done: tokio::sync::oneshot::Sender<()>,
+    },
 }
 
 /// Tells the manager a worker finished tearing its pod down.
@@ -181,6 +187,9 @@ pub async fn run(
         first_seen: Some(Instant::now()),
     };
     let mut terminate: Option<Option<i64>> = None;
+    // Node shutdown: the grace and who waits; `halted` once stopped.
+    let mut shutdown: Option<(i64, Option<tokio::sync::oneshot::Sender<()>>)> = None;
+    let mut halted = false;
     let mut next = Instant::now();
     let mut error_delay = Duration::from_millis(500);
     loop {
@@ -191,6 +200,7 @@ pub async fn run(
                     Msg::Update(p) => pod = Some(*p),
                     Msg::Sync => {}
                     Msg::Terminate { grace } => terminate = Some(grace),
+                    Msg::Shutdown { grace, done } => shutdown = Some((grace, Some(done))),
                 };
                 handle(msg);
                 while let Ok(m) = rx.try_recv() {
@@ -207,9 +217,23 @@ pub async fn run(
                 }
                 Err(e) => Err(e),
             },
+            (None, Some(_)) if halted => Ok(None),
+            (None, Some(p)) if shutdown.is_some() => {
+                let grace = shutdown.as_ref().map_or(0, |(g, _)| *g);
+                let r = stop_for_shutdown(&shared, p, grace, &mut st).await;
+                if r.is_ok() {
+                    halted = true;
+                }
+                r.map(|()| None)
+            }
             (None, Some(p)) => sync(&shared, p, &mut st).await,
             (None, None) => Ok(None),
         };
+        if halted || pod.is_none() {
+            if let Some(done) = shutdown.as_mut().and_then(|(_, d)| d.take()) {
+                let _ = done.send(());
+            }
+        }
         match result {
             Ok(requeue) => {
                 error_delay = Duration::from_millis(500);
@@ -851,8 +875,38 @@ async fn teardown(
     Ok(())
 }
 
+/// Stop the pod for the node's shutdown (preStop hooks, then containers
+/// and sandboxes within `grace`), and report it Failed: it stays in the
+/// runtime and the API as a finished pod, as the kubelet leaves it.
+async fn stop_for_shutdown(
+    shared: &Shared,
+    pod: &Pod,
+    grace: i64,
+    st: &mut PodState,
+) -> Result<(), cri_proto::Error> {
+    shared.prober.remove_pod(pod.uid());
+    let rt = shared.runtime.observe_pod(pod.uid()).await?;
+    for c in rt.running() {
+        let msg = format!("Stopping container {}", c.name);
+        shared.recorder.event(pod, NORMAL, "Killing", &msg);
+    }
+    crate::lifecycle::stop_pod(shared, pod, &rt, Some(grace)).await?;
+    for s in &rt.sandboxes {
+        shared.runtime.stop_sandbox(&s.id).await?;
+    }
+    let rt = shared.runtime.observe_pod(pod.uid()).await?;
+    report(shared, pod, &rt, st);
+    if let Some(mut status) = st.previous.clone() {
+        crate::shutdown::mark_terminated(&mut status);
+        shared.statuses.set(pod, status.clone());
+        st.previous = Some(status);
+    }
+    tracing::info!(pod = %pod.key(), grace, "pod stopped for the node's shutdown");
+    Ok(())
+}
+
 /// An orphan's log directory is found by its uid suffix.
-fn remove_log_dirs_of(root: &std::path::Path, uid: &str) {
+pub(crate) fn remove_log_dirs_of(root: &std::path::Path, uid: &str) {
     let suffix = format!("_{uid}");
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         if e.file_name().to_string_lossy().ends_with(&suffix) {

@@ -86,6 +86,11 @@ pub async fn start(cfg: &Config, data_dir: &Path, url: &str) -> Result<Component
             node_cidr_mask_size: cfg.node_cidr_mask_size,
             node_monitor_period: cfg.node_monitor_period,
             node_monitor_grace_period: cfg.node_monitor_grace_period,
+            signing: Some(std::sync::Arc::new(skiff_controllers::SigningCa {
+                cert_pem: pki.ca_pem().to_string(),
+                key_pem: pki.ca_key_pem().to_string(),
+            })),
+            cluster_signing_duration: cfg.cluster_signing_duration,
         };
         tasks.spawn(skiff_controllers::run(c, controllers, until_stopped()));
     }

@@ -58,6 +58,8 @@ pub struct Settings {
     /// eviction (the DefaultTolerationSeconds admission plugin's flags).
     pub default_not_ready_toleration_seconds: Option<i64>,
     pub default_unreachable_toleration_seconds: Option<i64>,
+    /// The longest certificate the CSR signer issues (`8760h`, a year).
+    pub cluster_signing_duration: Option<String>,
 }
 
 impl Settings {
@@ -90,6 +92,9 @@ impl Settings {
             default_unreachable_toleration_seconds: self
                 .default_unreachable_toleration_seconds
                 .or(other.default_unreachable_toleration_seconds),
+            cluster_signing_duration: self
+                .cluster_signing_duration
+                .or(other.cluster_signing_duration),
         }
     }
 
@@ -130,6 +135,7 @@ pub struct Config {
     pub node_monitor_grace_period: Duration,
     pub default_not_ready_toleration_seconds: i64,
     pub default_unreachable_toleration_seconds: i64,
+    pub cluster_signing_duration: Duration,
 }
 
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/skiff-server";
@@ -202,6 +208,11 @@ impl Config {
                 40,
             )?,
             node_cidr_mask_size,
+            cluster_signing_duration: duration(
+                "cluster-signing-duration",
+                s.cluster_signing_duration,
+                365 * 24 * 3600,
+            )?,
             disable_scheduler: s.disable_scheduler.unwrap_or(false),
             disable_controller_manager: s.disable_controller_manager.unwrap_or(false),
             controllers: s.controllers.unwrap_or_else(|| vec!["*".into()]),

@@ -7,6 +7,8 @@
 //!   subresources, Table printing, OpenAPI)
 //! - [`auth`]: authentication, RBAC, the Node authorizer
 //! - [`pki`]: CA, serving and client certificates, kubeconfigs
+//! - [`tokens`]: join tokens (bootstrap token Secrets) for `token create`
+//! - [`install`]: `install` / `uninstall` as a systemd service
 //! - [`server`]: HTTPS listener and lifecycle
 //! - [`config`]: flags + YAML config; [`metrics`]: Prometheus metrics
 #![forbid(unsafe_code)]
@@ -15,12 +17,14 @@ pub mod apiserver;
 pub mod auth;
 pub mod components;
 pub mod config;
+pub mod install;
 pub mod metrics;
 pub mod pki;
 pub mod server;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod tokens;
 
 pub use config::Config;
 pub use server::{start, ServerHandle};

@@ -145,6 +145,11 @@ impl Pki {
         &self.ca_pem
     }
 
+    /// The CA's private key (PEM), for the CSR signer.
+    pub fn ca_key_pem(&self) -> &str {
+        &self.ca_key_pem
+    }
+
     /// DER of the CA certificate.
     pub fn ca_der(&self) -> Vec<u8> {
         use rustls::pki_types::{pem::PemObject, CertificateDer};

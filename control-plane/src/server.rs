@@ -135,6 +135,10 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string(), hostname()];
     if !cfg.bind_address.is_unspecified() {
         sans.push(cfg.bind_address.to_string());
+    } else {
+        // Joining nodes reach a server bound to every address on the one
+        // it advertises: the certificate must name it.
+        sans.push(advertise_ip(cfg).to_string());
     }
     sans.extend(cfg.extra_sans.iter().cloned());
     let serving = pki.serving_cert(&sans)?;
@@ -176,6 +180,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     );
     api.set_kubelet_client(&pki.kubelet_client_cert()?)
         .map_err(Error::Tls)?;
+    api.set_cluster_ca(pki.ca_pem());
     api.start_background().await?;
 
     tracing::info!(

@@ -25,6 +25,12 @@
 //!   real kubectl as admin; kill and restart of agents and server.
 //! - [`netns`]: a cluster's LAN (a bridge) and its nodes as network
 //!   namespaces cabled to it.
+//! - [`join`]: nodes joined with `skiff-server token create` and
+//!   `skiff-agent join`, their agents started on the joined kubeconfig.
+//! - [`logind`]: a private D-Bus bus (real dbus-daemon) with a fake
+//!   systemd-logind, for graceful node shutdown.
+//! - [`pid1`]: a real systemd as PID 1 of a private nspawn container that
+//!   shares nothing writable with the host.
 //! - [`cleanup`]: teardown in dependency order (CRI, containerd, runc,
 //!   shims, mounts, netns, bridge, iptables/nft, directory, subnet lease),
 //!   run from `Drop` even after a panic, and a sweeper that tears down runs
@@ -40,7 +46,10 @@ pub mod cleanup;
 pub mod cluster;
 pub mod containerd;
 pub mod images;
+pub mod join;
+pub mod logind;
 pub mod netns;
+pub mod pid1;
 pub mod rawcri;
 pub mod registry;
 

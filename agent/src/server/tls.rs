@@ -1,8 +1,10 @@
 //! The node server's TLS: its serving certificate (`--tls-cert-file` and
-//! `--tls-private-key-file`, else a self-signed pair generated once and kept
-//! under `ROOT_DIR/pki/` as the kubelet keeps `kubelet.crt`), and the CA that
-//! client certificates must chain to (`--client-ca-file`, else the CA of the
-//! kubeconfig's cluster).
+//! `--tls-private-key-file`; else the one issued through a CSR and kept in
+//! `ROOT_DIR/pki/kubelet-server-current.pem` by certificate rotation; else
+//! a self-signed pair generated once and kept under `ROOT_DIR/pki/` as the
+//! kubelet keeps `kubelet.crt`), served through a resolver that rotation
+//! can update ([`ReloadingCert`]), and the CA that client certificates must
+//! chain to (`--client-ca-file`, else the CA of the kubeconfig's cluster).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use base64::Engine;
 use rcgen::{CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, SanType};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 
 use crate::config::Config;
 
@@ -47,6 +50,76 @@ pub struct ServingCert {
     pub key: PrivateKeyDer<'static>,
 }
 
+impl ServingCert {
+    /// From an issued certificate and its key.
+    ///
+    /// # Errors
+    /// Either holds no usable PEM.
+    pub fn from_pair(pair: &crate::certs::files::Pair) -> Result<ServingCert> {
+        let here = Path::new("<issued certificate>");
+        parse_pair(
+            pair.cert_pem.as_bytes(),
+            pair.key_pem.as_bytes(),
+            here,
+            here,
+        )
+    }
+}
+
+/// The serving certificate new TLS handshakes get; rotation replaces it
+/// (connections already open keep theirs).
+#[derive(Debug)]
+pub struct ReloadingCert {
+    current: std::sync::RwLock<Arc<CertifiedKey>>,
+}
+
+impl ReloadingCert {
+    /// Serve `cert` until [`set`](Self::set) is called.
+    ///
+    /// # Errors
+    /// The key does not match the certificate or is of an unknown type.
+    pub fn new(cert: ServingCert) -> Result<Arc<ReloadingCert>> {
+        Ok(Arc::new(ReloadingCert {
+            current: std::sync::RwLock::new(Arc::new(certified(cert)?)),
+        }))
+    }
+
+    /// Serve `cert` from the next handshake on.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); the old certificate stays.
+    pub fn set(&self, cert: ServingCert) -> Result<()> {
+        let c = Arc::new(certified(cert)?);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = c;
+        Ok(())
+    }
+
+    /// The certificate chain served now.
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .cert
+            .clone()
+    }
+}
+
+fn certified(cert: ServingCert) -> Result<CertifiedKey> {
+    let provider = rustls::crypto::ring::default_provider();
+    Ok(CertifiedKey::from_der(cert.chain, cert.key, &provider)?)
+}
+
+impl rustls::server::ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
+    }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|source| Error::Io {
         what: "reading",
@@ -72,14 +145,33 @@ fn parse_pair(cert: &[u8], key: &[u8], cert_path: &Path, key_path: &Path) -> Res
     Ok(ServingCert { chain, key })
 }
 
-/// The configured pair, or the self-signed one under `ROOT_DIR/pki`
-/// (created on first start, reused afterwards).
+/// Where certificate rotation keeps the CSR-issued serving certificate.
+pub fn issued_serving_path(config: &Config) -> PathBuf {
+    config
+        .root_dir
+        .join(crate::certs::files::PKI_DIR)
+        .join(crate::certs::files::SERVER_PEM)
+}
+
+/// The configured pair; else, with `--rotate-server-certificates`, the
+/// issued one while it is valid; else the self-signed one under
+/// `ROOT_DIR/pki` (created on first start, reused afterwards).
 ///
 /// # Errors
 /// Unreadable or invalid files; the pki directory cannot be written.
 pub fn serving_cert(config: &Config, hostname: &str, ips: &[IpAddr]) -> Result<ServingCert> {
     if let (Some(c), Some(k)) = (&config.tls_cert_file, &config.tls_private_key_file) {
         return parse_pair(&read(c)?, &read(k)?, c, k);
+    }
+    if config.rotate_server_certificates {
+        let issued = crate::certs::files::Pair::read(&issued_serving_path(config));
+        let valid = issued.as_ref().is_some_and(|p| {
+            crate::certs::files::validity(&p.cert_pem)
+                .is_some_and(|(_, not_after)| not_after > std::time::SystemTime::now())
+        });
+        if let (Some(p), true) = (issued, valid) {
+            return ServingCert::from_pair(&p);
+        }
     }
     let dir = config.root_dir.join("pki");
     let (crt, key) = (dir.join("kubelet.crt"), dir.join("kubelet.key"));
@@ -95,24 +187,10 @@ pub fn serving_cert(config: &Config, hostname: &str, ips: &[IpAddr]) -> Result<S
         move |source| Error::Io { what, path, source }
     };
     std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
-    write_private(&key, key_pem.as_bytes()).map_err(io("writing", &key))?;
+    crate::certs::files::write_private(&key, key_pem.as_bytes()).map_err(io("writing", &key))?;
     std::fs::write(&crt, cert_pem.as_bytes()).map_err(io("writing", &crt))?;
     tracing::info!(path = %crt.display(), "generated a self-signed serving certificate for the node server");
     parse_pair(cert_pem.as_bytes(), key_pem.as_bytes(), &crt, &key)
-}
-
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(data)?;
-    std::fs::rename(&tmp, path)
 }
 
 /// A self-signed serving certificate for the node's names and addresses
@@ -211,7 +289,7 @@ fn kubeconfig_ca(path: &Path) -> Result<Vec<u8>> {
 /// # Errors
 /// The key does not match the certificate, or no CA is usable.
 pub fn server_config(
-    serving: ServingCert,
+    serving: Arc<ReloadingCert>,
     cas: Vec<CertificateDer<'static>>,
 ) -> Result<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -228,7 +306,7 @@ pub fn server_config(
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(serving.chain, serving.key)?;
+        .with_cert_resolver(serving);
     // HTTP/1.1 only: the stream protocols (SPDY, WebSocket) are HTTP/1.1
     // upgrades, and kubectl's API server proxy speaks HTTP/1.1 to nodes.
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];

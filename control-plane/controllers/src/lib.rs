@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+pub mod certificates;
 pub mod cidrset;
 pub mod daemonset;
 pub mod deployment;
@@ -22,6 +23,7 @@ pub mod nodelifecycle;
 pub mod pods;
 pub mod replicaset;
 pub mod served;
+pub mod tokencleaner;
 pub mod workload;
 pub mod workload_claim;
 pub mod workload_expectations;
@@ -41,6 +43,9 @@ pub const ALL: &[&str] = &[
     "namespace",
     "endpointslice",
     "nodeipam",
+    "csrapproving",
+    "csrsigning",
+    "tokencleaner",
 ];
 
 /// Controller manager settings (flag names as kube-controller-manager's).
@@ -59,6 +64,23 @@ pub struct Config {
     /// `--node-monitor-grace-period`: a node whose Lease is older than this
     /// is marked Ready=Unknown.
     pub node_monitor_grace_period: Duration,
+    /// `--cluster-signing-cert-file` / `-key-file`: the CA that the
+    /// `csrsigning` controller issues certificates with; None disables it.
+    pub signing: Option<Arc<SigningCa>>,
+    /// `--cluster-signing-duration`: the longest certificate it issues.
+    pub cluster_signing_duration: Duration,
+}
+
+/// A CA certificate and its private key (PEM).
+pub struct SigningCa {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for SigningCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningCa(<key redacted>)")
+    }
 }
 
 impl Default for Config {
@@ -69,6 +91,9 @@ impl Default for Config {
             node_cidr_mask_size: 24,
             node_monitor_period: Duration::from_secs(5),
             node_monitor_grace_period: Duration::from_secs(40),
+            signing: None,
+            // Upstream's default: a year.
+            cluster_signing_duration: Duration::from_secs(365 * 24 * 3600),
         }
     }
 }
@@ -131,6 +156,9 @@ pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Out
                     "namespace" => namespace::run(ctx.clone()).await,
                     "endpointslice" => endpointslice::run(ctx.clone()).await,
                     "nodeipam" => nodeipam::run(ctx.clone()).await,
+                    "csrapproving" => certificates::approve::run(ctx.clone()).await,
+                    "csrsigning" => certificates::sign::run(ctx.clone()).await,
+                    "tokencleaner" => tokencleaner::run(ctx.clone()).await,
                     _ => unreachable!("every name in ALL is matched"),
                 };
                 match res {

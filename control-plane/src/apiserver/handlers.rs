@@ -711,7 +711,8 @@ pub(crate) fn prepare_update(
     if def.is("batch", "jobs") && new["spec"]["selector"].is_null() {
         new["spec"]["selector"] = old["spec"]["selector"].clone();
     }
-    if def.is("", "namespaces") {
+    // A CSR's spec is what was requested, and by whom: it never changes.
+    if def.is("", "namespaces") || def.is("certificates.k8s.io", "certificatesigningrequests") {
         new["spec"] = old["spec"].clone();
     }
     new

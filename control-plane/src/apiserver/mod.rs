@@ -5,6 +5,7 @@
 //! - [`resources`]: the table of served kinds
 //! - [`handlers`]: get/list/create/update/patch/delete over the store
 //! - [`subresources`]: status, scale, binding, eviction, finalize
+//! - [`csr`]: CertificateSigningRequests: requester, approval, issuing
 //! - [`nodeproxy`]: pods/log, exec, attach, portforward proxied to the node
 //! - [`watch`]: watch streams with bookmarks and 410 Gone
 //! - [`patch`], [`defaults`], [`validation`], [`selectors`]: object semantics
@@ -13,6 +14,7 @@
 
 pub mod bootstrap;
 pub mod convert;
+pub mod csr;
 pub mod defaults;
 pub mod discovery;
 pub mod handlers;
@@ -83,6 +85,9 @@ pub struct ApiServer {
     /// TLS towards node servers (the kubelet-client certificate); set once
     /// at start by [`ApiServer::set_kubelet_client`].
     pub(crate) node_tls: std::sync::OnceLock<Arc<rustls::ClientConfig>>,
+    /// The cluster CA bundle (PEM) served to joining nodes at
+    /// `/cacerts`; set once at start by [`ApiServer::set_cluster_ca`].
+    pub(crate) cluster_ca: std::sync::OnceLock<String>,
 }
 
 /// A resource request after routing and authentication.
@@ -143,7 +148,14 @@ impl ApiServer {
             active_namespaces: Default::default(),
             shutdown,
             node_tls: Default::default(),
+            cluster_ca: Default::default(),
         })
+    }
+
+    /// Serve `pem` at `/cacerts` (unauthenticated): joining nodes read it
+    /// and check it against their join token's hash before they trust it.
+    pub fn set_cluster_ca(&self, pem: &str) {
+        let _ = self.cluster_ca.set(pem.to_string());
     }
 
     /// First-start objects, allocator state, and the RBAC watch.
@@ -234,15 +246,19 @@ impl ApiServer {
     ) -> ApiResult<Response<Body>> {
         let (parts, body) = req.into_parts();
         let path = parts.uri.path();
-        let identity = peer.or_else(|| {
-            parts
-                .headers
-                .get(header::AUTHORIZATION)
-                .and_then(|h| h.to_str().ok())
-                .and_then(|h| self.authn.authenticate_bearer(h))
-        });
-        let public = matches!(path, "/healthz" | "/livez" | "/readyz")
-            || path.starts_with("/healthz/")
+        let bearer = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok());
+        let identity = peer.or_else(|| bearer.and_then(|h| self.authn.authenticate_bearer(h)));
+        let identity = match (identity, bearer) {
+            (None, Some(h)) => self.authenticate_bootstrap(h).await,
+            (id, _) => id,
+        };
+        let public = matches!(
+            path,
+            "/healthz" | "/livez" | "/readyz" | skiff_bootstrap::names::CA_PATH
+        ) || path.starts_with("/healthz/")
             || path.starts_with("/livez/")
             || path.starts_with("/readyz/");
         let identity = match identity {
@@ -332,21 +348,32 @@ impl ApiServer {
         }
     }
 
-    /// RBAC, with system:masters and the Node authorizer first.
+    /// A bearer bootstrap token's identity (only when the static tokens did
+    /// not know it).
+    async fn authenticate_bootstrap(&self, header: &str) -> Option<Identity> {
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))?
+            .trim();
+        auth::bootstraptoken::authenticate(self.store.as_ref(), token).await
+    }
+
+    /// RBAC, with system:masters, the CSR rules of joining nodes and the
+    /// Node authorizer first.
     async fn authorize(&self, id: &Identity, a: &Attributes) -> ApiResult<()> {
         if id.in_group("system:masters") {
             return Ok(());
         }
+        // The specific authorizers first; each allows, denies, or leaves
+        // the request to the next.
+        let d = auth::csr::authorize(id, a, self.store.as_ref()).await;
+        if let Some(v) = decided(d, id, a) {
+            return v;
+        }
         if let Some(node_name) = id.node_name() {
-            match node::authorize(node_name, a, self.store.as_ref()).await {
-                node::Decision::Allow => return Ok(()),
-                node::Decision::Deny(why) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{}: {why}",
-                        a.forbidden_message(&id.user)
-                    )));
-                }
-                node::Decision::NoOpinion => {}
+            let d = node::authorize(node_name, a, self.store.as_ref()).await;
+            if let Some(v) = decided(d, id, a) {
+                return v;
             }
         }
         if self.rbac.allows(id, a) {
@@ -369,6 +396,10 @@ impl ApiServer {
         }
         match path.trim_end_matches('/') {
             "/version" => Ok(json_response(200, &discovery::version())),
+            skiff_bootstrap::names::CA_PATH => match self.cluster_ca.get() {
+                Some(pem) => Ok(text_response(200, pem.clone(), "application/x-pem-file")),
+                None => Err(ApiError::not_found_path(path)),
+            },
             "/healthz" | "/livez" | "/readyz" => Ok(health::check(self, path, query).await),
             "/metrics" => Ok(text_response(
                 200,
@@ -424,6 +455,9 @@ impl ApiServer {
             (Method::GET, true) => handlers::get(self, &r).await,
             (Method::GET, false) if r.attrs.verb == "watch" => watch::serve(self, &r).await,
             (Method::GET, false) => handlers::list(self, &r).await,
+            (Method::POST, false) if r.def.is(auth::csr::GROUP, auth::csr::RESOURCE) => {
+                csr::create(self, &r, body).await
+            }
             (Method::POST, false) => handlers::create(self, &r, body).await,
             (Method::PUT, true) => handlers::update(self, &r, body).await,
             (Method::PATCH, true) => handlers::patch(self, &r, body).await,
@@ -491,6 +525,19 @@ impl ApiServer {
         review["status"] = serde_json::json!({"allowed": allowed, "reason": reason});
         review["metadata"] = serde_json::json!({"creationTimestamp": null});
         Ok(json_response(201, &review))
+    }
+}
+
+/// What an authorizer's decision means for the request: allowed, a 403
+/// with its reason, or None to ask the next authorizer.
+fn decided(d: node::Decision, id: &Identity, a: &Attributes) -> Option<ApiResult<()>> {
+    match d {
+        node::Decision::Allow => Some(Ok(())),
+        node::Decision::Deny(why) => Some(Err(ApiError::forbidden(format!(
+            "{}: {why}",
+            a.forbidden_message(&id.user)
+        )))),
+        node::Decision::NoOpinion => None,
     }
 }
 

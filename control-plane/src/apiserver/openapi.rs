@@ -88,7 +88,9 @@ fn schema_name(r: &ResourceDef) -> String {
 }
 
 fn schemas(group: &str, version: &str) -> Map<String, Value> {
-    use k8s_openapi::api::{apps, batch, coordination, core, discovery, events, rbac};
+    use k8s_openapi::api::{
+        apps, batch, certificates, coordination, core, discovery, events, rbac,
+    };
     let mut gen = schemars::generate::SchemaSettings::openapi3().into_generator();
     for r in resources::in_group_version(group, version) {
         match (r.group, r.kind) {
@@ -118,6 +120,9 @@ fn schemas(group: &str, version: &str) -> Map<String, Value> {
             }
             ("rbac.authorization.k8s.io", "ClusterRole") => {
                 drop(gen.subschema_for::<rbac::v1::ClusterRole>())
+            }
+            ("certificates.k8s.io", "CertificateSigningRequest") => {
+                drop(gen.subschema_for::<certificates::v1::CertificateSigningRequest>())
             }
             ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
                 drop(gen.subschema_for::<rbac::v1::ClusterRoleBinding>())

@@ -305,6 +305,7 @@ fn package(group: &str) -> Option<&'static str> {
         "batch" => Some("batch"),
         "rbac.authorization.k8s.io" => Some("rbac"),
         "authorization.k8s.io" => Some("authorization"),
+        "certificates.k8s.io" => Some("certificates"),
         _ => None,
     }
 }

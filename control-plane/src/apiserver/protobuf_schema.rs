@@ -385,6 +385,37 @@ pub static MESSAGES: &[(&str, &[Field])] = &[
         Field { num: 1, name: "succeeded", kind: Str, repeated: true, msg: "" },
         Field { num: 2, name: "failed", kind: Str, repeated: true, msg: "" },
     ]),
+    ("certificates.CertificateSigningRequest", &[
+        Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ObjectMeta" },
+        Field { num: 2, name: "spec", kind: Msg, repeated: false, msg: "certificates.CertificateSigningRequestSpec" },
+        Field { num: 3, name: "status", kind: Msg, repeated: false, msg: "certificates.CertificateSigningRequestStatus" },
+    ]),
+    ("certificates.CertificateSigningRequestCondition", &[
+        Field { num: 1, name: "type", kind: Str, repeated: false, msg: "" },
+        Field { num: 6, name: "status", kind: Str, repeated: false, msg: "" },
+        Field { num: 2, name: "reason", kind: Str, repeated: false, msg: "" },
+        Field { num: 3, name: "message", kind: Str, repeated: false, msg: "" },
+        Field { num: 4, name: "lastUpdateTime", kind: Time, repeated: false, msg: "" },
+        Field { num: 5, name: "lastTransitionTime", kind: Time, repeated: false, msg: "" },
+    ]),
+    ("certificates.CertificateSigningRequestList", &[
+        Field { num: 1, name: "metadata", kind: Msg, repeated: false, msg: "meta.ListMeta" },
+        Field { num: 2, name: "items", kind: Msg, repeated: true, msg: "certificates.CertificateSigningRequest" },
+    ]),
+    ("certificates.CertificateSigningRequestSpec", &[
+        Field { num: 1, name: "request", kind: Bytes, repeated: false, msg: "" },
+        Field { num: 7, name: "signerName", kind: Str, repeated: false, msg: "" },
+        Field { num: 8, name: "expirationSeconds", kind: I32, repeated: false, msg: "" },
+        Field { num: 5, name: "usages", kind: Str, repeated: true, msg: "" },
+        Field { num: 2, name: "username", kind: Str, repeated: false, msg: "" },
+        Field { num: 3, name: "uid", kind: Str, repeated: false, msg: "" },
+        Field { num: 4, name: "groups", kind: Str, repeated: true, msg: "" },
+        Field { num: 6, name: "extra", kind: MapStr, repeated: false, msg: "" },
+    ]),
+    ("certificates.CertificateSigningRequestStatus", &[
+        Field { num: 1, name: "conditions", kind: Msg, repeated: true, msg: "certificates.CertificateSigningRequestCondition" },
+        Field { num: 2, name: "certificate", kind: Bytes, repeated: false, msg: "" },
+    ]),
     ("core.AWSElasticBlockStoreVolumeSource", &[
         Field { num: 1, name: "volumeID", kind: Str, repeated: false, msg: "" },
         Field { num: 2, name: "fsType", kind: Str, repeated: false, msg: "" },

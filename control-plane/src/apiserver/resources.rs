@@ -266,6 +266,19 @@ pub static RESOURCES: &[ResourceDef] = &[
         false,
         false,
     ),
+    // Node certificates: the agent's CSRs, approved by the csrapproving
+    // controller (or `kubectl certificate approve`), signed by csrsigning.
+    def(
+        "certificates.k8s.io",
+        "CertificateSigningRequest",
+        "certificatesigningrequests",
+        "certificatesigningrequest",
+        false,
+        &["csr"],
+        NONE,
+        true,
+        false,
+    ),
 ];
 
 /// The verbs every resource supports.
@@ -345,6 +358,9 @@ impl ResourceDef {
         }
         if self.group.is_empty() && self.plural == "namespaces" {
             out.push(("finalize", "Namespace", &["update"]));
+        }
+        if self.is("certificates.k8s.io", "certificatesigningrequests") {
+            out.push(("approval", self.kind, &["get", "patch", "update"]));
         }
         out
     }

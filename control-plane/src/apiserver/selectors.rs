@@ -216,6 +216,7 @@ fn supported_fields(kind: &str) -> &'static [&'static str] {
             "regarding.uid",
         ],
         "Secret" => &["type"],
+        "CertificateSigningRequest" => &["spec.signerName"],
         "Node" => &["spec.unschedulable"],
         "Namespace" => &["status.phase"],
         "Job" => &["status.successful"],

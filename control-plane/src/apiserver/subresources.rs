@@ -1,5 +1,6 @@
 //! Subresources: status, scale, pods/binding, pods/eviction,
-//! namespaces/finalize. The streaming ones (pods/log, exec, attach,
+//! namespaces/finalize (and the CSRs' status and approval, in
+//! [`super::csr`]). The streaming ones (pods/log, exec, attach,
 //! portforward) are proxied to the pod's node before the request gets
 //! here (see [`super::nodeproxy`]).
 
@@ -31,6 +32,11 @@ pub(crate) async fn dispatch(
         return Err(ApiError::not_found_path(&r.attrs.path));
     }
     match (sub, method.clone()) {
+        ("status" | "approval", _)
+            if def.is("certificates.k8s.io", "certificatesigningrequests") =>
+        {
+            super::csr::subresource(api, method, &r, sub, body).await
+        }
         ("status", Method::GET) => handlers::get(api, &r).await,
         ("status", Method::PUT) => handlers::update(api, &r, body).await,
         ("status", Method::PATCH) => handlers::patch(api, &r, body).await,

@@ -143,6 +143,13 @@ fn columns(def: &ResourceDef) -> Vec<Col> {
             ("Endpoints", "string", 0, "The endpoints of this slice"),
             age,
         ],
+        ("certificates.k8s.io", "CertificateSigningRequest") => vec![
+            age,
+            ("SignerName", "string", 0, "signerName indicates the requested signer, and is a qualified name."),
+            ("Requestor", "string", 0, "username contains the name of the user that created the CertificateSigningRequest."),
+            ("RequestedDuration", "string", 0, "expirationSeconds is the requested duration of validity of the issued certificate."),
+            ("Condition", "string", 0, "conditions applied to the request. Known conditions are \"Approved\", \"Denied\", and \"Failed\"."),
+        ],
         ("rbac.authorization.k8s.io", "Role") | ("rbac.authorization.k8s.io", "ClusterRole") => {
             vec![("Created At", "date", 0, "Time is a wrapper around time.Time which supports correct marshaling to YAML and JSON.")]
         }
@@ -639,6 +646,20 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
                 age,
             ]
         }
+        ("certificates.k8s.io", "CertificateSigningRequest") => {
+            let duration = spec["expirationSeconds"]
+                .as_i64()
+                .map(human_duration)
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                name,
+                age,
+                json!(or_none(s(&spec["signerName"]))),
+                json!(s(&spec["username"])),
+                json!(duration),
+                json!(csr_condition(obj)),
+            ]
+        }
         ("rbac.authorization.k8s.io", "Role") | ("rbac.authorization.k8s.io", "ClusterRole") => {
             vec![
                 name,
@@ -678,6 +699,33 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
         }
         _ => vec![name, age],
     }
+}
+
+/// kubectl's CSR condition: Denied, else Approved, else Pending; then
+/// `,Failed` and `,Issued` (`extractCSRStatus`).
+fn csr_condition(obj: &Value) -> String {
+    let conds = obj["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let has = |t: &str| conds.iter().any(|c| c["type"] == t);
+    let mut out = if has("Denied") {
+        "Denied".to_string()
+    } else if has("Approved") {
+        "Approved".to_string()
+    } else {
+        "Pending".to_string()
+    };
+    if has("Failed") {
+        out += ",Failed";
+    }
+    if obj["status"]["certificate"]
+        .as_str()
+        .is_some_and(|c| !c.is_empty())
+    {
+        out += ",Issued";
+    }
+    out
 }
 
 fn or_unknown(s: String) -> String {

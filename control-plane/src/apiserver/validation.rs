@@ -29,9 +29,91 @@ pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<Cause> {
         | ("batch", "Job") => workload(def, obj, &mut c),
         ("", "Service") => service(obj, &mut c),
         ("", "ConfigMap") | ("", "Secret") => data_keys(obj, &mut c),
+        ("certificates.k8s.io", "CertificateSigningRequest") => csr_spec(obj, &mut c),
         _ => {}
     }
     c
+}
+
+/// Key usages a CSR may list (upstream's `KeyUsage` values).
+const CSR_USAGES: &[&str] = &[
+    "signing",
+    "digital signature",
+    "content commitment",
+    "key encipherment",
+    "key agreement",
+    "data encipherment",
+    "cert sign",
+    "crl sign",
+    "encipher only",
+    "decipher only",
+    "any",
+    "server auth",
+    "client auth",
+    "code signing",
+    "email protection",
+    "s/mime",
+    "ipsec end system",
+    "ipsec tunnel",
+    "ipsec user",
+    "timestamping",
+    "ocsp signing",
+    "microsoft sgc",
+    "netscape sgc",
+];
+
+/// A CSR's request parses (and is signed by its own key), its signer is a
+/// qualified `domain/path` name, its usages are known, and a requested
+/// duration is at least ten minutes.
+fn csr_spec(obj: &Value, c: &mut Vec<Cause>) {
+    let spec = &obj["spec"];
+    match crate::auth::csr::decode_request(obj) {
+        None => c.push(Cause::required("spec.request")),
+        Some(pem) => {
+            if let Err(e) = skiff_bootstrap::csr::parse_pem(&pem) {
+                c.push(Cause::invalid(
+                    "spec.request",
+                    "<request data>",
+                    &e.to_string(),
+                ));
+            }
+        }
+    }
+    let signer = spec["signerName"].as_str().unwrap_or_default();
+    if signer.is_empty() {
+        c.push(Cause::required("spec.signerName"));
+    } else if !signer.split_once('/').is_some_and(|(domain, path)| {
+        domain.contains('.') && domain.split('.').all(is_dns_label) && !path.is_empty()
+    }) {
+        c.push(Cause::invalid(
+            "spec.signerName",
+            signer,
+            "must be a fully qualified domain and path of the form 'example.com/signer-name'",
+        ));
+    }
+    let usages = spec["usages"].as_array().cloned().unwrap_or_default();
+    if usages.is_empty() {
+        c.push(Cause::required("spec.usages"));
+    }
+    for (i, u) in usages.iter().enumerate() {
+        let u = u.as_str().unwrap_or_default();
+        if !CSR_USAGES.contains(&u) {
+            c.push(Cause::not_supported(
+                format!("spec.usages[{i}]"),
+                u,
+                CSR_USAGES,
+            ));
+        }
+    }
+    if let Some(e) = spec["expirationSeconds"].as_i64() {
+        if e < 600 {
+            c.push(Cause::invalid(
+                "spec.expirationSeconds",
+                &e.to_string(),
+                "may not specify a duration less than 600 seconds (10 minutes)",
+            ));
+        }
+    }
 }
 
 fn path_segment_name(name: &str, c: &mut Vec<Cause>) {
@@ -315,7 +397,9 @@ fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
 /// A message like `json: cannot unmarshal ...` for wrong types or shapes,
 /// answered as 400 Bad Request.
 pub fn decode_typed(def: &ResourceDef, obj: &Value) -> Result<(Value, Vec<String>), String> {
-    use k8s_openapi::api::{apps, batch, coordination, core, discovery, events, rbac};
+    use k8s_openapi::api::{
+        apps, batch, certificates, coordination, core, discovery, events, rbac,
+    };
     let typed = match (def.group, def.kind) {
         ("", "Namespace") => roundtrip::<core::v1::Namespace>(obj),
         ("", "Node") => roundtrip::<core::v1::Node>(obj),
@@ -338,6 +422,9 @@ pub fn decode_typed(def: &ResourceDef, obj: &Value) -> Result<(Value, Vec<String
         ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<rbac::v1::ClusterRole>(obj),
         ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
             roundtrip::<rbac::v1::ClusterRoleBinding>(obj)
+        }
+        ("certificates.k8s.io", "CertificateSigningRequest") => {
+            roundtrip::<certificates::v1::CertificateSigningRequest>(obj)
         }
         _ => Ok(obj.clone()),
     }?;

@@ -99,7 +99,7 @@ pub fn cluster_roles() -> Vec<Value> {
         ),
         role(
             "system:public-info-viewer",
-            json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+            json!([{"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/", skiff_bootstrap::names::CA_PATH], "verbs": ["get"]}]),
         ),
         role(
             "system:node",
@@ -134,6 +134,30 @@ pub fn cluster_roles() -> Vec<Value> {
             json!([
                 {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
             ]),
+        ),
+        // Node certificates the csrapproving controller approves: it asks
+        // (SubjectAccessReview) whether the requester may create these
+        // pseudo-subresources, as upstream's approver does.
+        role(
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            json!([{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/nodeclient"], "verbs": ["create"]}]),
+        ),
+        role(
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            json!([{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/selfnodeclient"], "verbs": ["create"]}]),
+        ),
+        // Tokens of `skiff-server token create` join nodes; renewals of
+        // every node's own client certificate go through (kubeadm's
+        // node-autoapprove-bootstrap and -certificate-rotation bindings).
+        binding(
+            "skiff:node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            json!([group(skiff_bootstrap::names::DEFAULT_TOKEN_GROUP)]),
+        ),
+        binding(
+            "skiff:node-autoapprove-certificate-rotation",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            json!([group(skiff_bootstrap::names::NODES_GROUP)]),
         ),
         binding(
             "cluster-admin",

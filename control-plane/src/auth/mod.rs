@@ -1,8 +1,11 @@
 //! Who is asking, and may they: authentication (client certificates, bearer
-//! tokens), RBAC, and the Node authorizer with NodeRestriction admission.
+//! tokens, bootstrap tokens), RBAC, the Node authorizer with
+//! NodeRestriction admission, and the CSR rules of joining nodes.
 
 pub mod authn;
 pub mod bootstrap;
+pub mod bootstraptoken;
+pub mod csr;
 pub mod node;
 pub mod rbac;
 

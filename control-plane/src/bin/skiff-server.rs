@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use skiff_control_plane::config::{Config, Settings};
-use skiff_control_plane::{components, pki, server, store};
+use skiff_control_plane::{components, install, pki, server, store, tokens};
+use skiff_daemon::install::SystemctlCommand;
 
 /// mimalloc instead of glibc malloc: the request path allocates a lot
 /// (JSON values), and glibc's malloc/free took about a quarter of the
@@ -95,6 +96,9 @@ struct ServeArgs {
     /// Seconds a pod tolerates an unreachable node before eviction [default: 300].
     #[arg(long)]
     default_unreachable_toleration_seconds: Option<i64>,
+    /// Longest certificate the CSR signer issues, e.g. 720h [default: 8760h].
+    #[arg(long)]
+    cluster_signing_duration: Option<String>,
 }
 
 impl ServeArgs {
@@ -116,6 +120,7 @@ impl ServeArgs {
             node_monitor_grace_period: self.node_monitor_grace_period.clone(),
             default_not_ready_toleration_seconds: self.default_not_ready_toleration_seconds,
             default_unreachable_toleration_seconds: self.default_unreachable_toleration_seconds,
+            cluster_signing_duration: self.cluster_signing_duration.clone(),
         };
         Config::resolve(flags, self.config.as_deref()).context("resolving configuration")
     }
@@ -136,6 +141,94 @@ enum Cmd {
     /// Datastore snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Join tokens for `skiff-agent join` (bootstrap token Secrets).
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// Install as a systemd service (binary, config, unit; enabled and started).
+    Install {
+        #[command(flatten)]
+        dirs: InstallDirs,
+        /// Install this config file (default: bind 0.0.0.0, state in --data-dir).
+        #[arg(long)]
+        config_from: Option<PathBuf>,
+        /// Enable the unit without starting it.
+        #[arg(long)]
+        no_start: bool,
+    },
+    /// Stop and remove the service; --purge also removes the data dir (the
+    /// cluster's state and CA) and the config.
+    Uninstall {
+        #[command(flatten)]
+        dirs: InstallDirs,
+        #[arg(long)]
+        purge: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct InstallDirs {
+    #[arg(long, default_value = skiff_control_plane::install::DEFAULT_CONFIG_DIR)]
+    config_dir: PathBuf,
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_BIN_DIR)]
+    bin_dir: PathBuf,
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_UNIT_DIR)]
+    unit_dir: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Create a token and print it as a join token (K10<CA hash>::<id>.<secret>).
+    Create {
+        /// Lifetime, e.g. 30m, 24h; 0 never expires.
+        #[arg(long, default_value = "24h")]
+        ttl: String,
+        /// What the token is for, shown by `token list`.
+        #[arg(long)]
+        description: Option<String>,
+        /// Extra groups (system:bootstrappers:...) [default: system:bootstrappers:skiff:default-node-token, whose nodes are approved automatically].
+        #[arg(long, value_delimiter = ',')]
+        groups: Vec<String>,
+        #[command(flatten)]
+        conn: TokenConn,
+    },
+    /// List the tokens (ids, not secrets).
+    List {
+        #[command(flatten)]
+        conn: TokenConn,
+    },
+    /// Delete tokens, named by id, token or join token.
+    Delete {
+        #[arg(required = true)]
+        tokens: Vec<String>,
+        #[command(flatten)]
+        conn: TokenConn,
+    },
+}
+
+#[derive(Args, Debug)]
+struct TokenConn {
+    /// Admin kubeconfig [default: DATA_DIR/admin.kubeconfig].
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+impl TokenConn {
+    async fn client(&self, cfg: &Config) -> anyhow::Result<kube::Client> {
+        let path = self
+            .kubeconfig
+            .clone()
+            .unwrap_or_else(|| cfg.data_dir.join("admin.kubeconfig"));
+        let kc = kube::config::Kubeconfig::read_from(&path).with_context(|| {
+            format!(
+                "reading the admin kubeconfig {} (pass --kubeconfig)",
+                path.display()
+            )
+        })?;
+        let c = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .with_context(|| format!("using {}", path.display()))?;
+        kube::Client::try_from(c).context("building the API client")
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -150,13 +243,7 @@ enum SnapshotCmd {
 
 fn main() -> anyhow::Result<()> {
     tune_allocator();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    skiff_daemon::logging::init("info");
     let cli = Cli::parse();
     // The in-process scheduler and controllers use kube's rustls client,
     // which needs the process-wide provider chosen.
@@ -180,6 +267,43 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "{}",
                 pki.kubeconfig(&url, &user, &group)
                     .with_context(|| format!("issuing a certificate for {user}"))?
+            );
+            Ok(())
+        }
+        Some(Cmd::Token(cmd)) => token(cmd, &cfg).await,
+        Some(Cmd::Install {
+            dirs,
+            config_from,
+            no_start,
+        }) => {
+            let o = install::InstallOptions {
+                config_dir: dirs.config_dir,
+                config_from,
+                data_dir: cfg.data_dir.clone(),
+                bin_dir: dirs.bin_dir,
+                unit_dir: dirs.unit_dir,
+                start: !no_start,
+            };
+            let unit =
+                install::install(&o, &SystemctlCommand).context("installing skiff-server")?;
+            println!(
+                "installed {}; once it serves: skiff-server token create --data-dir {}",
+                unit.display(),
+                cfg.data_dir.display()
+            );
+            Ok(())
+        }
+        Some(Cmd::Uninstall { dirs, purge }) => {
+            let o = install::UninstallOptions {
+                config_dir: dirs.config_dir,
+                bin_dir: dirs.bin_dir,
+                unit_dir: dirs.unit_dir,
+                purge,
+            };
+            install::uninstall(&o, &SystemctlCommand).context("uninstalling skiff-server")?;
+            println!(
+                "uninstalled skiff-server{}",
+                if purge { " and removed its state" } else { "" }
             );
             Ok(())
         }
@@ -241,15 +365,65 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         .context("starting the scheduler and controllers")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing SIGTERM handler")?;
+    // Serving: systemd may start what waits for the API server. The
+    // watchdog pings come from this runtime, so a wedged server stops them.
+    skiff_daemon::notify::ready(&format!("serving on {}", handle.url));
+    let watchdog = skiff_daemon::notify::spawn_watchdog(|| true);
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
+    }
+    skiff_daemon::notify::stopping();
+    if let Some(w) = watchdog {
+        w.abort();
     }
     components.shutdown().await;
     // A second signal forces the exit while the drain runs.
     tokio::select! {
         _ = handle.shutdown() => {}
         _ = term.recv() => tracing::warn!("second SIGTERM: exiting without draining"),
+    }
+    Ok(())
+}
+
+async fn token(cmd: TokenCmd, cfg: &Config) -> anyhow::Result<()> {
+    match cmd {
+        TokenCmd::Create {
+            ttl,
+            description,
+            groups,
+            conn,
+        } => {
+            let ttl = match skiff_control_plane::config::parse_duration(&ttl) {
+                Some(d) if d.is_zero() => None,
+                Some(d) => Some(d),
+                None => {
+                    anyhow::bail!("--ttl {ttl:?}: not a duration (use 30m, 24h, or 0 for never)")
+                }
+            };
+            let spec = tokens::TokenSpec {
+                ttl,
+                description,
+                groups,
+            };
+            let client = conn.client(cfg).await?;
+            let join = tokens::create(&client, &spec)
+                .await
+                .context("creating a join token")?;
+            println!("{}", join.expose());
+        }
+        TokenCmd::List { conn } => {
+            let client = conn.client(cfg).await?;
+            let all = tokens::list(&client).await.context("listing join tokens")?;
+            print!("{}", tokens::table(&all, jiff::Timestamp::now()));
+        }
+        TokenCmd::Delete { tokens: args, conn } => {
+            let client = conn.client(cfg).await?;
+            for arg in args {
+                let id = tokens::delete(&client, &arg).await?;
+                println!("bootstrap token {id:?} deleted");
+            }
+        }
     }
     Ok(())
 }

@@ -8,7 +8,10 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "skiff-agent",
     version,
-    about = "skiff node agent: runs pods through containerd's CRI"
+    about = "skiff node agent: runs pods through containerd's CRI",
+    // A flag given twice takes its last value, as the kubelet's do (a
+    // unit's ExecStart plus a drop-in's extra flags).
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -28,14 +31,92 @@ pub enum Command {
         #[arg(short, long, default_value = "table")]
         output: String,
     },
+    /// Join a cluster: check its CA against the token, make this node's
+    /// key, and obtain its client certificate through a CSR.
+    Join(JoinArgs),
+    /// Install the agent as a systemd service: binary, config, join, unit
+    /// (enabled and started).
+    Install(InstallArgs),
+    /// Stop and remove the service; --purge also removes the node's pods,
+    /// state and credentials.
+    Uninstall(UninstallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct JoinArgs {
+    /// The API server, https://HOST:PORT.
+    #[arg(long)]
+    pub server: String,
+    /// The join token from `skiff-server token create`.
+    #[arg(long, env = "SKIFF_JOIN_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// This node's name (default: the hostname).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Where the kubeconfig and the client certificate go.
+    #[arg(long, default_value = skiff_agent::config::DEFAULT_CONFIG_DIR)]
+    pub config_dir: PathBuf,
+    /// Longest wait for the server and for the approval, e.g. 2m.
+    #[arg(long, default_value = "5m")]
+    pub timeout: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    #[command(flatten)]
+    pub join: JoinArgs,
+    /// Install this config file as CONFIG_DIR/config.yaml (default: one
+    /// with the containerd socket and both certificate rotations on).
+    #[arg(long)]
+    pub config_from: Option<PathBuf>,
+    /// Where the binary is installed.
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_BIN_DIR)]
+    pub bin_dir: PathBuf,
+    /// Where the unit file is installed.
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_UNIT_DIR)]
+    pub unit_dir: PathBuf,
+    /// Enable the unit without starting it.
+    #[arg(long)]
+    pub no_start: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    #[arg(long, default_value = skiff_agent::config::DEFAULT_CONFIG_DIR)]
+    pub config_dir: PathBuf,
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_BIN_DIR)]
+    pub bin_dir: PathBuf,
+    #[arg(long, default_value = skiff_daemon::install::DEFAULT_UNIT_DIR)]
+    pub unit_dir: PathBuf,
+    /// Also remove the node's pods and containers, its state and its
+    /// credentials.
+    #[arg(long)]
+    pub purge: bool,
 }
 
 /// Flags of the agent itself; each overrides the config file.
 #[derive(Debug, clap::Args)]
 pub struct RunFlags {
-    /// YAML config file (KubeletConfiguration-style field names).
+    /// YAML config file (KubeletConfiguration-style field names) [default:
+    /// CONFIG_DIR/config.yaml when it exists].
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Where `join` and `install` put the kubeconfig and config file; used
+    /// when --kubeconfig / --config are not given.
+    #[arg(long)]
+    pub config_dir: Option<PathBuf>,
+    /// Renew the client certificate through CSRs before it expires (true).
+    #[arg(long)]
+    pub rotate_certificates: Option<bool>,
+    /// Obtain and renew the node server's certificate through CSRs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub rotate_server_certificates: Option<bool>,
+    /// Graceful node shutdown: delay shutdown this long to stop pods, e.g. 30s.
+    #[arg(long)]
+    pub shutdown_grace_period: Option<String>,
+    /// The part of it kept for critical pods, which stop last, e.g. 10s.
+    #[arg(long)]
+    pub shutdown_grace_period_critical_pods: Option<String>,
     /// CRI endpoint, e.g. unix:///run/containerd/containerd.sock.
     #[arg(long)]
     pub container_runtime_endpoint: Option<String>,
@@ -75,8 +156,9 @@ pub struct RunFlags {
     /// How often every pod is re-synced without an event, e.g. 10s.
     #[arg(long)]
     pub sync_frequency: Option<String>,
-    /// Kubeconfig with this node's credentials (system:node:NAME); joins
-    /// the node to the API server.
+    /// Kubeconfig with this node's credentials (system:node:NAME) [default:
+    /// CONFIG_DIR/kubeconfig when it exists]; without one the agent runs
+    /// standalone.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Register the Node object (true).

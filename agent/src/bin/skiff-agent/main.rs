@@ -1,6 +1,8 @@
 //! skiff-agent: thin binary over the `skiff_agent` library.
 
 mod cli;
+mod install;
+mod join;
 mod pods;
 
 use anyhow::{Context, Result};
@@ -27,6 +29,18 @@ fn main() -> Result<()> {
             tracing::info!("service proxy rules removed");
             Ok(())
         }
+        Some(cli::Command::Join(args)) => {
+            init_logging();
+            rt.block_on(join::run(args))
+        }
+        Some(cli::Command::Install(args)) => {
+            init_logging();
+            rt.block_on(install::install(args))
+        }
+        Some(cli::Command::Uninstall(args)) => {
+            init_logging();
+            rt.block_on(install::uninstall(args))
+        }
         None => {
             init_logging();
             let config = effective_config(cli.run)?;
@@ -39,25 +53,28 @@ fn main() -> Result<()> {
     }
 }
 
+/// Journald-aware logs; the DNS server's per-query lines held back.
 fn init_logging() {
-    use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("info,{}", skiff_agent::dns::LOG_FILTER))
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+    skiff_daemon::logging::init(&format!("info,{}", skiff_agent::dns::LOG_FILTER));
 }
 
-/// Defaults, then the config file, then flags.
+/// Defaults, then the config file, then flags; then what the config
+/// directory holds (the joined kubeconfig) and the node name its
+/// certificate is for.
 fn effective_config(f: cli::RunFlags) -> Result<Config> {
     let mut c = Config::default();
-    if let Some(path) = &f.config {
-        FileConfig::load(path)?
-            .apply(&mut c)
-            .map_err(anyhow::Error::msg)?;
+    if let Some(dir) = &f.config_dir {
+        c.config_dir = dir.clone();
+    }
+    let file = f.config.clone().or_else(|| {
+        let p = c.config_dir.join(skiff_agent::config::CONFIG_FILE);
+        p.exists().then_some(p)
+    });
+    let mut node_name_given = f.node_name.is_some();
+    if let Some(path) = &file {
+        let fc = FileConfig::load(path)?;
+        node_name_given |= fc.node_name.is_some();
+        fc.apply(&mut c).map_err(anyhow::Error::msg)?;
     }
     let dur = |name: &str, v: &Option<String>| -> Result<Option<std::time::Duration>> {
         v.as_deref()
@@ -204,6 +221,41 @@ fn effective_config(f: cli::RunFlags) -> Result<Config> {
     if let Some(v) = f.node_ip {
         c.node_ip = Some(v);
     }
+    if let Some(v) = f.rotate_certificates {
+        c.rotate_certificates = v;
+    }
+    if let Some(v) = f.rotate_server_certificates {
+        c.rotate_server_certificates = v;
+    }
+    if let Some(v) = dur("shutdown-grace-period", &f.shutdown_grace_period)? {
+        c.shutdown_grace_period = v;
+    }
+    if let Some(v) = dur(
+        "shutdown-grace-period-critical-pods",
+        &f.shutdown_grace_period_critical_pods,
+    )? {
+        c.shutdown_grace_period_critical_pods = v;
+    }
+    if c.kubeconfig.is_none() {
+        let joined = skiff_agent::certs::join::kubeconfig_path(&c.config_dir);
+        c.kubeconfig = joined.exists().then_some(joined);
+    }
+    // A node acts as the node its certificate names; a different
+    // --node-name would only get every write refused.
+    if let Some(node) = c
+        .kubeconfig
+        .as_deref()
+        .and_then(skiff_agent::certs::files::node_name_of)
+    {
+        if !node_name_given {
+            c.node_name = node;
+        } else if node != c.node_name {
+            anyhow::bail!(
+                "--node-name {:?} does not match the kubeconfig's credentials, which are for node {node:?}",
+                c.node_name
+            );
+        }
+    }
     Ok(c)
 }
 
@@ -215,5 +267,6 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+    skiff_daemon::notify::stopping();
     tracing::info!("shutting down");
 }

@@ -1,0 +1,369 @@
+//! Joining nodes with tokens, end to end with real processes: `skiff-server
+//! token create`, `skiff-agent join`, the agents started on what the join
+//! wrote, a Deployment over the joined nodes, certificate rotation with a
+//! short certificate lifetime, and every way a join must fail cleanly.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
+use kube::api::ListParams;
+use kube::Api;
+use skiff_tests::agent::free_port;
+use skiff_tests::cluster::{node_ready, wait_for, Cluster, ClusterOptions};
+use skiff_tests::join::{client_pem_of, kubeconfig_of, JoinCli};
+use skiff_tests::TOOLBOX_IMAGE;
+
+/// Time for anything that involves starting pods or nodes.
+const T: Duration = Duration::from_secs(90);
+/// The longest certificate the signer issues in the rotation test: short,
+/// so that both certificates rotate more than once during the test.
+const CERT_LIFETIME: &str = "40s";
+
+const DEPLOYMENT: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: main
+        image: IMAGE
+        imagePullPolicy: IfNotPresent
+        command: [sh, -c, "trap 'exit 0' TERM; sleep 3600 & wait"]
+"#;
+
+/// Serial number and issuer CN of a PEM certificate.
+fn identity_of(pem: &str) -> Result<(String, String, String)> {
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+        .map_err(|e| anyhow::anyhow!("not PEM: {e}"))?;
+    let cert = block.parse_x509().context("not a certificate")?;
+    let cn = |n: &x509_parser::x509::X509Name| {
+        n.iter_common_name()
+            .next()
+            .and_then(|c| c.as_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    Ok((
+        cert.raw_serial_as_string(),
+        cn(cert.subject()),
+        cn(cert.issuer()),
+    ))
+}
+
+/// The certificate the node server on `port` presents.
+fn served_certificate(port: u16) -> Result<String> {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .output()
+        .context("running openssl s_client")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let start = text
+        .find("-----BEGIN CERTIFICATE-----")
+        .context("no certificate in the handshake")?;
+    let end = text
+        .find("-----END CERTIFICATE-----")
+        .context("truncated certificate")?;
+    Ok(text[start..end + "-----END CERTIFICATE-----".len()].to_string() + "\n")
+}
+
+async fn node_port(client: &kube::Client, node: &str) -> Result<u16> {
+    let n = Api::<NodeObject>::all(client.clone()).get(node).await?;
+    let port = n
+        .status
+        .and_then(|s| s.daemon_endpoints)
+        .and_then(|d| d.kubelet_endpoint)
+        .map(|e| e.port)
+        .context("no kubelet endpoint")?;
+    Ok(u16::try_from(port)?)
+}
+
+/// Container ids and restart counts of the Deployment's pods.
+async fn containers(client: &kube::Client) -> Result<BTreeMap<String, (String, i32)>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), "default")
+        .list(&ListParams::default().labels("app=web"))
+        .await?;
+    let mut out = BTreeMap::new();
+    for p in pods {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let cs = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        let c = cs
+            .first()
+            .with_context(|| format!("{name}: no container status"))?;
+        ensure!(c.ready, "{name} is not ready");
+        out.insert(
+            name,
+            (c.container_id.clone().unwrap_or_default(), c.restart_count),
+        );
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joined_nodes_run_a_deployment_and_rotate_their_certificates() -> Result<()> {
+    let options = ClusterOptions {
+        server_args: vec![format!("--cluster-signing-duration={CERT_LIFETIME}")],
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(0, options).await?;
+    let cli = JoinCli::new(&cluster)?;
+    let token = cli.token_create(&["--ttl", "10m", "--description", "e2e"])?;
+    ensure!(
+        token.starts_with("K10") && token.contains("::"),
+        "not a join token: {token}"
+    );
+    let listed = cli.token(&["list"])?;
+    ensure!(
+        listed.ok && listed.stdout.contains("e2e"),
+        "token list: {listed:?}"
+    );
+    ensure!(
+        !listed
+            .stdout
+            .contains(token.split('.').nth(1).unwrap_or("?")),
+        "token list shows the secret"
+    );
+
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        names.push(
+            cli.add_joined_node(&mut cluster, &token, &["--rotate-server-certificates"])
+                .await?,
+        );
+    }
+    let client = cluster.client().await?;
+    for n in &names {
+        let cn = identity_of(&std::fs::read_to_string(client_pem_of(&cli.config_dir(n)))?)?.1;
+        ensure!(
+            cn == format!("system:node:{n}"),
+            "{n}'s client certificate is for {cn}"
+        );
+    }
+
+    cluster
+        .apply(&DEPLOYMENT.replace("IMAGE", TOOLBOX_IMAGE))
+        .await?;
+    let before = wait_for("the Deployment's pods on both nodes", T, || async {
+        let pods = Api::<Pod>::namespaced(client.clone(), "default")
+            .list(&ListParams::default().labels("app=web"))
+            .await?;
+        let on: BTreeSet<String> = pods
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .collect();
+        ensure!(on.len() == 2, "pods on {on:?}");
+        let c = containers(&client).await?;
+        ensure!(c.len() == 2, "{} ready pods", c.len());
+        Ok(c)
+    })
+    .await?;
+
+    // Rotation: watch both certificates of both nodes change twice while
+    // the nodes stay Ready and no container restarts.
+    let mut seen: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    let mut not_ready = Vec::new();
+    let nodes_api = Api::<NodeObject>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        for n in &names {
+            let client_pem = std::fs::read_to_string(client_pem_of(&cli.config_dir(n)))?;
+            let (serial, _, issuer) = identity_of(&client_pem)?;
+            ensure!(
+                issuer == "skiff-ca",
+                "{n}'s client certificate is issued by {issuer}"
+            );
+            let entry = seen.entry(n.clone()).or_default();
+            entry.0.insert(serial);
+            let served = served_certificate(node_port(&client, n).await?)?;
+            let (serial, subject, issuer) = identity_of(&served)?;
+            // Until the first serving certificate is issued, the node
+            // serves its self-signed one.
+            if issuer == "skiff-ca" {
+                ensure!(
+                    subject == format!("system:node:{n}"),
+                    "{n} serves a certificate for {subject}"
+                );
+                entry.1.insert(serial);
+            }
+            let node = nodes_api.get(n).await?;
+            if !node_ready(&node) {
+                not_ready.push(format!("{n} at {:?}", Instant::now()));
+            }
+        }
+        let done = seen.values().all(|(c, s)| c.len() >= 3 && s.len() >= 3);
+        if done {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("certificates did not rotate twice: {seen:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    ensure!(
+        not_ready.is_empty(),
+        "nodes went NotReady during rotation: {not_ready:?}"
+    );
+    let after = containers(&client).await?;
+    ensure!(
+        after == before,
+        "containers changed during rotation: before {before:?}, after {after:?}"
+    );
+    // The node still acts with its rotated certificate: its Lease moves.
+    for n in &names {
+        cluster.wait_node_ready(n, T).await?;
+    }
+    // Every CSR went through the API: approved, issued.
+    // (A renewal may be in flight as we look: pending rows are fine.)
+    let table = cluster.kubectl_ok(&["get", "csr"]).await?;
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    let issued = rows
+        .iter()
+        .filter(|r| r.ends_with("Approved,Issued"))
+        .count();
+    ensure!(issued >= 2 * (3 + 3), "CSRs: {table}");
+    ensure!(
+        !rows
+            .iter()
+            .any(|r| r.contains("Denied") || r.contains("Failed")),
+        "no CSR denied or failed: {table}"
+    );
+    ensure!(
+        rows.iter().any(
+            |r| r.contains("kubernetes.io/kubelet-serving") && r.contains("system:node:node-1")
+        ),
+        "{table}"
+    );
+    ensure!(
+        rows.iter().any(|r| r.contains("kube-apiserver-client-kubelet") && r.contains("system:bootstrap:")),
+        "{table}"
+    );
+    cluster.finish().await
+}
+
+/// Whether `dir` holds anything.
+fn is_empty_or_missing(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none())
+}
+
+async fn csr_count(client: &kube::Client) -> Result<usize> {
+    Ok(Api::<CertificateSigningRequest>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_joins_fail_clearly_and_leave_nothing_behind() -> Result<()> {
+    // No token cleaner: an expired token must be refused by the API
+    // server itself, not merely be gone.
+    let options = ClusterOptions {
+        server_args: vec!["--controllers=*,-tokencleaner".into()],
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(0, options).await?;
+    let client = cluster.client().await?;
+    let cli = JoinCli::new(&cluster)?;
+    let server = cli.server_url().to_string();
+    let good = cli.token_create(&[])?;
+    let (hash, creds) = good.split_once("::").context("join token")?;
+
+    let expired = cli.token_create(&["--ttl", "1s"])?;
+    let deleted = cli.token_create(&[])?;
+    let r = cli.token(&["delete", &deleted])?;
+    ensure!(r.ok, "token delete: {r:?}");
+    let unknown = format!("{hash}::abcdef.0123456789abcdef");
+    let wrong_ca = format!("K10{}::{creds}", "0".repeat(64));
+    let dead = format!("https://127.0.0.1:{}", free_port()?);
+    // Past the expired token's expiration, by its own clock.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let cases: [(&str, &str, &str, &str); 7] = [
+        ("malformed", &server, "not-a-token", "malformed join token"),
+        ("bare bootstrap token", &server, creds, "carries no CA hash"),
+        (
+            "unknown",
+            &server,
+            &unknown,
+            "rejected the credentials (401",
+        ),
+        (
+            "expired",
+            &server,
+            &expired,
+            "rejected the credentials (401",
+        ),
+        (
+            "deleted",
+            &server,
+            &deleted,
+            "rejected the credentials (401",
+        ),
+        (
+            "wrong CA hash",
+            &server,
+            &wrong_ca,
+            "does not match the join token's CA hash",
+        ),
+        ("unreachable", &dead, &good, "cannot reach the API server"),
+    ];
+    for (i, (what, server, token, expect)) in cases.iter().enumerate() {
+        let node = format!("bad-{i}");
+        let r = cli.join(server, token, &node)?;
+        ensure!(!r.ok, "{what}: join succeeded: {r:?}");
+        ensure!(
+            r.stderr.contains(expect),
+            "{what}: expected {expect:?} in: {}",
+            r.stderr
+        );
+        ensure!(
+            !r.stderr.contains(creds.split('.').nth(1).unwrap_or("?")),
+            "{what}: the token's secret is printed: {}",
+            r.stderr
+        );
+        ensure!(
+            is_empty_or_missing(&cli.config_dir(&node)),
+            "{what}: state left in {}",
+            cli.config_dir(&node).display()
+        );
+        // None of these got as far as a CSR; for the wrong CA hash this is
+        // the proof that no credentials went out.
+        ensure!(
+            csr_count(&client).await? == 0,
+            "{what}: the server saw a CSR"
+        );
+    }
+
+    let r = cli.join(&server, &good, "joined")?;
+    ensure!(r.ok, "a good join failed: {r:?}");
+    ensure!(csr_count(&client).await? == 1, "one CSR for one join");
+    let kubeconfig = kubeconfig_of(&cli.config_dir("joined"));
+    let before = std::fs::read(&kubeconfig)?;
+    let r = cli.join(&server, &good, "joined")?;
+    ensure!(
+        !r.ok && r.stderr.contains("already joined"),
+        "second join: {r:?}"
+    );
+    ensure!(
+        std::fs::read(&kubeconfig)? == before,
+        "a second join changed the kubeconfig"
+    );
+    ensure!(csr_count(&client).await? == 1, "a second join sent a CSR");
+    cluster.finish().await
+}
