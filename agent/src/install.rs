@@ -9,7 +9,8 @@
 //!
 //! Uninstall: the unit is stopped, disabled and removed, and the binary
 //! with it. With `--purge` the node's pods are torn down through CRI, the
-//! mounts under its root dir undone, and its root dir, pod logs and config
+//! mounts under its root dir undone, the service proxy's rules, pod routes
+//! and masquerade table removed, and its root dir, pod logs and config
 //! directory (credentials included) removed.
 
 use std::path::PathBuf;
@@ -44,6 +45,8 @@ pub enum Error {
     Unmount { path: PathBuf, why: String },
     #[error("config file {path}: {why}")]
     BadConfig { path: PathBuf, why: String },
+    #[error("removing the node's network rules and routes: {0:#}")]
+    Network(anyhow::Error),
 }
 
 /// What `install` does.
@@ -139,6 +142,12 @@ pub async fn uninstall(o: &UninstallOptions, systemctl: &dyn Systemctl) -> Resul
             })?;
     }
     purge_pods(&config).await?;
+    // The proxy's rules and the pod routes outlive the agent by design (a
+    // restart must not cut connections); a node leaving drops them.
+    crate::proxy::cleanup(&[crate::proxy::Mode::Nftables, crate::proxy::Mode::Iptables])
+        .await
+        .map_err(|e| Error::Network(e.into()))?;
+    crate::network::cleanup().await.map_err(Error::Network)?;
     crate::volumes::mounts::unmount_all(&config.root_dir).map_err(|why| Error::Unmount {
         path: config.root_dir.clone(),
         why,

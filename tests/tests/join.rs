@@ -63,10 +63,10 @@ fn identity_of(pem: &str) -> Result<(String, String, String)> {
     ))
 }
 
-/// The certificate the node server on `port` presents.
-fn served_certificate(port: u16) -> Result<String> {
+/// The certificate the node server at `endpoint` (ip:port) presents.
+fn served_certificate(endpoint: &str) -> Result<String> {
     let out = Command::new("openssl")
-        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .args(["s_client", "-connect", endpoint])
         .stdin(Stdio::null())
         .output()
         .context("running openssl s_client")?;
@@ -80,15 +80,27 @@ fn served_certificate(port: u16) -> Result<String> {
     Ok(text[start..end + "-----END CERTIFICATE-----".len()].to_string() + "\n")
 }
 
-async fn node_port(client: &kube::Client, node: &str) -> Result<u16> {
-    let n = Api::<NodeObject>::all(client.clone()).get(node).await?;
-    let port = n
+/// Where the node server listens: the node's InternalIP and the kubelet
+/// endpoint port it reports.
+async fn node_endpoint(client: &kube::Client, node: &str) -> Result<String> {
+    let status = Api::<NodeObject>::all(client.clone())
+        .get(node)
+        .await?
         .status
+        .context("no node status")?;
+    let ip = status
+        .addresses
+        .iter()
+        .flatten()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address.clone())
+        .context("no InternalIP")?;
+    let port = Some(status)
         .and_then(|s| s.daemon_endpoints)
         .and_then(|d| d.kubelet_endpoint)
         .map(|e| e.port)
         .context("no kubelet endpoint")?;
-    Ok(u16::try_from(port)?)
+    Ok(format!("{ip}:{port}"))
 }
 
 /// Container ids and restart counts of the Deployment's pods.
@@ -190,7 +202,7 @@ async fn joined_nodes_run_a_deployment_and_rotate_their_certificates() -> Result
             );
             let entry = seen.entry(n.clone()).or_default();
             entry.0.insert(serial);
-            let served = served_certificate(node_port(&client, n).await?)?;
+            let served = served_certificate(&node_endpoint(&client, n).await?)?;
             let (serial, subject, issuer) = identity_of(&served)?;
             // Until the first serving certificate is issued, the node
             // serves its self-signed one.

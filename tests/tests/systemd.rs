@@ -540,7 +540,18 @@ async fn uninstall_purge_removes_the_nodes_pods_mounts_state_and_credentials() -
     std::fs::write(config_dir.join("kubeconfig"), "{}")?;
     std::fs::write(config_dir.join("pki/kubelet-client-current.pem"), "secret")?;
     let binary = workspace_binary("skiff-agent", "skiff-agent")?;
-    let out = Command::new(&binary)
+    // In a network namespace of its own, with what a node of a cluster
+    // has programmed there (the proxy's table and chains, the masquerade
+    // table, a route to another node's pods), none of which may survive.
+    let node_network = "set -e; ip link set lo up; \
+         nft add table ip skiff-proxy; nft add table ip skiff-network; \
+         iptables -w -t nat -N SKIFF-SERVICES; \
+         iptables -w -t nat -A PREROUTING -m comment --comment 'skiff service portals' -j SKIFF-SERVICES; \
+         ip route add 198.18.250.0/24 dev lo proto 88; \
+         \"$@\"; set +e; echo ==; nft list tables | grep skiff; iptables-save | grep SKIFF; ip route show proto 88; true";
+    let out = Command::new("unshare")
+        .args(["--net", "sh", "-c", node_network, "sh"])
+        .arg(&binary)
         .args(["uninstall", "--purge"])
         .arg(format!("--config-dir={}", config_dir.display()))
         .arg(format!(
@@ -553,6 +564,12 @@ async fn uninstall_purge_removes_the_nodes_pods_mounts_state_and_credentials() -
         out.status.success(),
         "uninstall --purge: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (_, left_programmed) = stdout.split_once("==\n").context("no listing")?;
+    ensure!(
+        left_programmed.trim().is_empty(),
+        "proxy rules, masquerade table or pod routes left: {left_programmed}"
     );
     let left = cri
         .list_containers(cri_proto::v1::ListContainersRequest::default())

@@ -13,6 +13,27 @@ use tokio::sync::watch;
 pub mod masquerade;
 pub mod routes;
 
+/// Undo what the agent programmed into the kernel for the pod network:
+/// its routes to the other nodes' pod CIDRs and its masquerade table.
+///
+/// # Errors
+/// Every step is tried; the failures are reported together.
+pub async fn cleanup() -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    if let Err(errors) = routes::remove_all().await {
+        failed.extend(errors.iter().map(ToString::to_string));
+    }
+    if crate::proxy::exec::available("nft").await {
+        if let Err(e) =
+            crate::proxy::exec::run("nft", &["-f", "-"], &masquerade::remove_script()).await
+        {
+            failed.push(format!("removing table ip {}: {e}", masquerade::TABLE));
+        }
+    }
+    anyhow::ensure!(failed.is_empty(), "{}", failed.join("; "));
+    Ok(())
+}
+
 /// The file the agent owns in the CNI conf dir. `10-` sorts it before
 /// most distribution defaults, and containerd loads the first file.
 pub const CONFLIST_FILE: &str = "10-skiff.conflist";

@@ -273,6 +273,19 @@ fn gateway_of(r: &RouteMessage) -> Option<Ipv4Addr> {
     })
 }
 
+/// Remove every route of our protocol (the node leaves the cluster); the
+/// number removed.
+///
+/// # Errors
+/// No netlink socket, or routes that could not be listed or deleted.
+pub async fn remove_all() -> std::result::Result<usize, Vec<Error>> {
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| vec![Error::Socket(e)])?;
+    let conn = tokio::spawn(conn);
+    let removed = reconcile(&handle, &BTreeMap::new()).await;
+    conn.abort();
+    removed
+}
+
 /// Make the kernel's routes of our protocol exactly `want`; the number
 /// of routes added, replaced or deleted. Every route is tried; the errors
 /// of those that failed are returned together.
@@ -280,7 +293,7 @@ pub async fn reconcile(
     handle: &rtnetlink::Handle,
     want: &BTreeMap<Cidr, Via>,
 ) -> std::result::Result<usize, Vec<Error>> {
-    let mut have: BTreeMap<Cidr, (Ipv4Addr, RouteMessage)> = BTreeMap::new();
+    let mut have: BTreeMap<Cidr, (Option<Ipv4Addr>, RouteMessage)> = BTreeMap::new();
     // Prefixes someone else routes in the main table (a bridge of this
     // host, an operator's route): never replaced.
     let mut others: std::collections::BTreeSet<Cidr> = Default::default();
@@ -298,8 +311,10 @@ pub async fn reconcile(
                     others.extend(dst_of(&r));
                     continue;
                 }
-                if let (Some(dst), Some(gw)) = (dst_of(&r), gateway_of(&r)) {
-                    have.insert(dst, (gw, r));
+                // Ours even without a gateway (edited by hand): replaced
+                // or removed like the others.
+                if let Some(dst) = dst_of(&r) {
+                    have.insert(dst, (gateway_of(&r), r));
                 }
             }
             Ok(None) => break,
@@ -309,7 +324,10 @@ pub async fn reconcile(
     let mut errors = Vec::new();
     let mut changed = 0;
     for (cidr, via) in want {
-        if have.get(cidr).is_some_and(|(gw, _)| *gw == via.gateway) {
+        if have
+            .get(cidr)
+            .is_some_and(|(gw, _)| *gw == Some(via.gateway))
+        {
             continue;
         }
         if others.contains(cidr) {
