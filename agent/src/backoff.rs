@@ -6,6 +6,16 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// Sleeps `delay` after a failure and never completes otherwise: the
+/// retry arm of a loop that also waits for its inputs to change.
+pub async fn retry_after(failed: bool, delay: Duration) {
+    if failed {
+        tokio::time::sleep(delay).await
+    } else {
+        std::future::pending().await
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     delay: Duration,

@@ -16,6 +16,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use skiff_daemon::install::UninstallOptions;
 use skiff_daemon::install::{self as unit, Systemctl, Unit};
 
 use crate::certs::join::{self, JoinOptions};
@@ -60,16 +61,6 @@ pub struct InstallOptions {
     pub unit_dir: PathBuf,
     /// Start the unit (else only enable it).
     pub start: bool,
-}
-
-/// What `uninstall` does.
-#[derive(Debug, Clone)]
-pub struct UninstallOptions {
-    pub config_dir: PathBuf,
-    pub bin_dir: PathBuf,
-    pub unit_dir: PathBuf,
-    /// Also remove the node's pods, state and credentials.
-    pub purge: bool,
 }
 
 /// The config file `install` writes when none is given.

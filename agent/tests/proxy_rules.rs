@@ -244,8 +244,8 @@ async fn spread(ip: [u8; 4], n: usize) -> BTreeMap<String, usize> {
     seen
 }
 
-/// The table as data, handles dropped and elements sorted, so that two
-/// listings of the same content compare equal. Left out: the clients in
+/// The table as data, handles and backend slots dropped and elements
+/// sorted, so that two listings of the same content compare equal. Left out: the clients in
 /// affinity sets (traffic state), and shared chains nothing jumps to
 /// (partial syncs keep them for reuse; a full sync writes only those in
 /// use).
@@ -270,9 +270,21 @@ fn nft_table(ns: &Netns) -> BTreeMap<String, Vec<String>> {
             }
             "set" | "map" => {
                 let name = body["name"].as_str().unwrap().to_string();
+                // Which endpoint holds which load-balancing slot depends
+                // on the history of changes (survivors keep theirs), not
+                // on the content: backends are compared without slots.
+                let unslotted = |e: &serde_json::Value| {
+                    let mut e = e.clone();
+                    if name.contains("backends") {
+                        if let Some(key) = e[0]["concat"].as_array_mut() {
+                            key.pop();
+                        }
+                    }
+                    e.to_string()
+                };
                 let mut elems: Vec<String> = body["elem"]
                     .as_array()
-                    .map(|a| a.iter().map(|e| e.to_string()).collect())
+                    .map(|a| a.iter().map(unslotted).collect())
                     .unwrap_or_default();
                 elems.sort();
                 if name.starts_with("aff") {

@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub use skiff_daemon::install::UninstallOptions;
 use skiff_daemon::install::{self as unit, Systemctl, Unit};
 
 use crate::config::Settings;
@@ -41,16 +42,6 @@ pub struct InstallOptions {
     pub bin_dir: PathBuf,
     pub unit_dir: PathBuf,
     pub start: bool,
-}
-
-/// What `uninstall` does.
-#[derive(Debug, Clone)]
-pub struct UninstallOptions {
-    pub config_dir: PathBuf,
-    pub bin_dir: PathBuf,
-    pub unit_dir: PathBuf,
-    /// Also remove the data dir (datastore, CA) and the config.
-    pub purge: bool,
 }
 
 /// The config file `install` writes when none is given: every address, so

@@ -77,6 +77,17 @@ impl Systemctl for SystemctlCommand {
     }
 }
 
+/// What `uninstall` does, for either daemon.
+#[derive(Debug, Clone)]
+pub struct UninstallOptions {
+    pub config_dir: PathBuf,
+    pub bin_dir: PathBuf,
+    pub unit_dir: PathBuf,
+    /// Also remove the daemon's state: the agent's pods, rules, state and
+    /// credentials; the server's data dir (datastore, CA) and config.
+    pub purge: bool,
+}
+
 /// A daemon's unit as installed.
 #[derive(Debug, Clone)]
 pub struct Unit {

@@ -74,17 +74,10 @@ pub async fn serve(
                 }
             }
         }
-        let retry = async {
-            if failed {
-                tokio::time::sleep(RETRY).await
-            } else {
-                std::future::pending().await
-            }
-        };
         tokio::select! {
             () = &mut stop => return,
             r = pod_cidr.changed() => if r.is_err() { return },
-            () = retry => {}
+            () = crate::backoff::retry_after(failed, RETRY) => {}
         }
     }
 }

@@ -233,16 +233,9 @@ impl Network {
                     }
                 }
             }
-            let retry = async {
-                if failed {
-                    tokio::time::sleep(RETRY).await
-                } else {
-                    std::future::pending().await
-                }
-            };
             tokio::select! {
                 r = cidr.changed() => if r.is_err() { return },
-                () = retry => {}
+                () = crate::backoff::retry_after(failed, RETRY) => {}
                 r = stop.wait_for(|s| *s) => { let _ = r; return }
             }
         }

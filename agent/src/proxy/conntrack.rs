@@ -79,7 +79,7 @@ impl Tracker {
             let gone: Vec<ServicePortName> = self
                 .known
                 .keys()
-                .filter(|n| n.namespace == change.namespace && n.name == change.name)
+                .filter(|n| change.is_of(n))
                 .filter(|n| !change.ports.iter().any(|(s, _)| &s.name == *n))
                 .cloned()
                 .collect();

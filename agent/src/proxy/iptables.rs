@@ -382,7 +382,7 @@ impl Proxier {
             let old_names: Vec<ServicePortName> = self
                 .programmed
                 .keys()
-                .filter(|n| n.namespace == change.namespace && n.name == change.name)
+                .filter(|n| change.is_of(n))
                 .cloned()
                 .collect();
             let mut next: HashMap<ServicePortName, Objects> = HashMap::new();

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 
-use self::model::{ServicePort, Targets};
+use self::model::{ServicePort, ServicePortName, Targets};
 
 /// Errors that stop the proxy from starting, or a cleanup from finishing.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +124,14 @@ pub struct Change {
     pub namespace: String,
     pub name: String,
     pub ports: Vec<(ServicePort, Targets)>,
+}
+
+impl Change {
+    /// Whether `port` belongs to the changed Service (it may be one of
+    /// the ports the Service no longer has).
+    pub fn is_of(&self, port: &ServicePortName) -> bool {
+        port.namespace == self.namespace && port.name == self.name
+    }
 }
 
 /// What a sync wrote.
@@ -456,13 +464,6 @@ pub async fn run(
     let mut failing = false;
     let mut udp = conntrack::Tracker::default();
     loop {
-        let wait_retry = async {
-            if failing {
-                tokio::time::sleep(retry).await
-            } else {
-                std::future::pending().await
-            }
-        };
         let mut repair = false;
         tokio::select! {
             () = &mut stop => break,
@@ -473,7 +474,7 @@ pub async fn run(
                 }
             }
             () = tokio::time::sleep_until(next_full.into()) => repair = true,
-            () = wait_retry => {}
+            () = crate::backoff::retry_after(failing, retry) => {}
         }
         {
             let mut st = status.lock().unwrap_or_else(|p| p.into_inner());
