@@ -81,6 +81,9 @@ fn config(root: &std::path::Path) -> Config {
         node_lease_duration_seconds: 2,
         cni_conf_dir: Some(root.join("net.d")),
         cni_bridge: "skiff-t0".into(),
+        // These agents run in the host's network namespace: its routes,
+        // masquerade table and ip_forward are not theirs to change.
+        pod_routes: false,
         ..Default::default()
     }
 }
