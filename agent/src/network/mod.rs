@@ -24,9 +24,7 @@ pub async fn cleanup() -> anyhow::Result<()> {
         failed.extend(errors.iter().map(ToString::to_string));
     }
     if crate::proxy::exec::available("nft").await {
-        if let Err(e) =
-            crate::proxy::exec::run("nft", &["-f", "-"], &masquerade::remove_script()).await
-        {
+        if let Err(e) = crate::proxy::exec::nft(&masquerade::remove_script()).await {
             failed.push(format!("removing table ip {}: {e}", masquerade::TABLE));
         }
     }

@@ -207,7 +207,7 @@ impl Routes {
                 let masq = (local, all);
                 if masq_applied.as_ref() != Some(&masq) || resync {
                     let script = super::masquerade::script(masq.0, &masq.1);
-                    match crate::proxy::exec::run("nft", &["-f", "-"], &script).await {
+                    match crate::proxy::exec::nft(&script).await {
                         Ok(_) => {
                             masq_error.clear();
                             masq_applied = Some(masq);

@@ -76,13 +76,8 @@ impl Tracker {
     pub fn changed(&mut self, changes: &[Change]) -> BTreeSet<Flush> {
         let mut flush = BTreeSet::new();
         for change in changes {
-            let gone: Vec<ServicePortName> = self
-                .known
-                .keys()
-                .filter(|n| change.is_of(n))
-                .filter(|n| !change.ports.iter().any(|(s, _)| &s.name == *n))
-                .cloned()
-                .collect();
+            let mut gone = change.known_ports(self.known.keys());
+            gone.retain(|n| !change.ports.iter().any(|(s, _)| &s.name == n));
             for name in gone {
                 if let Some((_, old)) = self.known.remove(&name) {
                     flush.extend(usable(&old).iter().map(|e| Flush::Endpoint {

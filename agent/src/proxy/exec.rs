@@ -71,6 +71,23 @@ pub async fn run(program: &str, args: &[&str], input: &str) -> Result<String> {
     })
 }
 
+/// Load an nftables script as one transaction (`nft -f -`).
+///
+/// # Errors
+/// As [`run`].
+pub async fn nft(script: &str) -> Result<String> {
+    run("nft", &["-f", "-"], script).await
+}
+
+/// Load `iptables-restore` input into the chains it names, leaving the
+/// others as they are (`--noflush`).
+///
+/// # Errors
+/// As [`run`].
+pub async fn iptables_restore(input: &str) -> Result<String> {
+    run("iptables-restore", &["-w", "--noflush"], input).await
+}
+
 /// Whether `program` can be run at all (`--version`).
 pub async fn available(program: &str) -> bool {
     tokio::process::Command::new(program)

@@ -379,12 +379,7 @@ impl Proxier {
         let mut delete: BTreeSet<(Table, String)> = BTreeSet::new();
         let mut dispatch_changed = false;
         for change in changes {
-            let old_names: Vec<ServicePortName> = self
-                .programmed
-                .keys()
-                .filter(|n| change.is_of(n))
-                .cloned()
-                .collect();
+            let old_names = change.known_ports(self.programmed.keys());
             let mut next: HashMap<ServicePortName, Objects> = HashMap::new();
             for (svc, targets) in &change.ports {
                 next.insert(

@@ -127,10 +127,17 @@ pub struct Change {
 }
 
 impl Change {
-    /// Whether `port` belongs to the changed Service (it may be one of
-    /// the ports the Service no longer has).
-    pub fn is_of(&self, port: &ServicePortName) -> bool {
-        port.namespace == self.namespace && port.name == self.name
+    /// The ports among `known` that belong to the changed Service, those
+    /// it no longer has included.
+    pub fn known_ports<'a>(
+        &self,
+        known: impl IntoIterator<Item = &'a ServicePortName>,
+    ) -> Vec<ServicePortName> {
+        known
+            .into_iter()
+            .filter(|p| p.namespace == self.namespace && p.name == self.name)
+            .cloned()
+            .collect()
     }
 }
 
@@ -257,25 +264,15 @@ impl Backend {
         repair: bool,
     ) -> Result<Synced> {
         let start = Instant::now();
-        let result = match self {
-            Backend::Nftables(p) => {
-                let mode = if repair && !p.basis.needs_full_sync() {
-                    nftables::Full::Repair
-                } else {
-                    nftables::Full::Replace
-                };
-                let (text, stats) = p.full_sync(mode, all.iter().map(|(s, t)| (s, t)));
-                exec::run("nft", &["-f", "-"], &text).await.map(|_| stats)
-            }
-            Backend::Iptables(p) => {
-                let existing = iptables_existing().await;
-                let script = p.full_sync(all.iter().map(|(s, t)| (s, t)), &existing);
-                match exec::run("iptables-restore", &["-w", "--noflush"], &script.text).await {
-                    Ok(_) => ensure_iptables_jumps().await.map(|()| script.stats),
-                    Err(e) => Err(e),
-                }
-            }
+        let existing = match self {
+            Backend::Iptables(_) => iptables_existing().await,
+            Backend::Nftables(_) => BTreeSet::new(),
         };
+        let (text, stats) = self.full_script(all, repair, &existing);
+        let mut result = self.load(&text).await.map(|_| stats);
+        if result.is_ok() && matches!(self, Backend::Iptables(_)) {
+            result = ensure_iptables_jumps().await.map(|()| stats);
+        }
         self.settle(result, true, start)
     }
 
@@ -285,27 +282,63 @@ impl Backend {
     /// As [`Self::full_sync`].
     pub async fn partial_sync(&mut self, changes: &[Change]) -> Result<Synced> {
         let start = Instant::now();
-        let result = match self {
-            Backend::Nftables(p) => {
-                let (text, stats) = p.partial_sync(changes);
-                if text.is_empty() {
-                    Ok(stats)
-                } else {
-                    exec::run("nft", &["-f", "-"], &text).await.map(|_| stats)
-                }
-            }
-            Backend::Iptables(p) => {
-                let script = p.partial_sync(changes);
-                if script.text.is_empty() {
-                    Ok(script.stats)
-                } else {
-                    exec::run("iptables-restore", &["-w", "--noflush"], &script.text)
-                        .await
-                        .map(|_| script.stats)
-                }
-            }
+        let (text, stats) = self.partial_script(changes);
+        let result = if text.is_empty() {
+            Ok(stats)
+        } else {
+            self.load(&text).await.map(|_| stats)
         };
         self.settle(result, false, start)
+    }
+
+    /// The script that writes everything, which the proxier from now on
+    /// takes as programmed (until [`Self::invalidate`]). `existing`: the
+    /// iptables chains in the kernel, so that stale ones are deleted
+    /// (nftables replaces or repairs its table instead).
+    pub fn full_script(
+        &mut self,
+        all: &[(ServicePort, Targets)],
+        repair: bool,
+        existing: &BTreeSet<(iptables::Table, String)>,
+    ) -> (String, SyncStats) {
+        let all = all.iter().map(|(s, t)| (s, t));
+        match self {
+            Backend::Nftables(p) => {
+                let mode = if repair && !p.basis.needs_full_sync() {
+                    nftables::Full::Repair
+                } else {
+                    nftables::Full::Replace
+                };
+                p.full_sync(mode, all)
+            }
+            Backend::Iptables(p) => {
+                let script = p.full_sync(all, existing);
+                (script.text, script.stats)
+            }
+        }
+    }
+
+    /// The script for what changed; empty when nothing in the kernel needs
+    /// to change.
+    pub fn partial_script(&mut self, changes: &[Change]) -> (String, SyncStats) {
+        match self {
+            Backend::Nftables(p) => p.partial_sync(changes),
+            Backend::Iptables(p) => {
+                let script = p.partial_sync(changes);
+                (script.text, script.stats)
+            }
+        }
+    }
+
+    /// Load a script of this backend's mode with its tool.
+    ///
+    /// # Errors
+    /// The tool failed.
+    pub async fn load(&self, script: &str) -> exec::Result<String> {
+        match self {
+            Backend::Nftables(_) => exec::nft(script).await,
+            Backend::Iptables(_) => exec::iptables_restore(script).await,
+        }
     }
 
     fn settle(
@@ -371,7 +404,7 @@ async fn ensure_iptables_jumps() -> exec::Result<()> {
 /// A tool that exists failed.
 pub async fn cleanup(modes: &[Mode]) -> Result<()> {
     if modes.contains(&Mode::Nftables) && exec::available("nft").await {
-        exec::run("nft", &["-f", "-"], &nftables::cleanup_script()).await?;
+        exec::nft(&nftables::cleanup_script()).await?;
     }
     if modes.contains(&Mode::Iptables) && exec::available("iptables").await {
         for (table, from, to) in iptables::JUMPS {
@@ -403,7 +436,7 @@ pub async fn cleanup(modes: &[Mode]) -> Result<()> {
                 }
                 text.push_str("COMMIT\n");
             }
-            exec::run("iptables-restore", &["-w", "--noflush"], &text).await?;
+            exec::iptables_restore(&text).await?;
         }
     }
     Ok(())

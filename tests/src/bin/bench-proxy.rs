@@ -13,14 +13,14 @@
 //! Run as root: `cargo run --release -p skiff-tests --bin bench-proxy
 //! [-- --sizes 1000,10000 --updates 20 --modes nftables,iptables]`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use skiff_agent::proxy::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
-use skiff_agent::proxy::{exec, iptables, nftables, Backend, Change, Mode};
+use skiff_agent::proxy::{iptables, nftables, Backend, Change, Mode};
 
 struct Args {
     sizes: Vec<usize>,
@@ -129,11 +129,11 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-/// The tool and its arguments for applying a script of `mode`.
-fn tool(mode: Mode) -> (&'static str, &'static [&'static str]) {
+/// The tool that loads a script of `mode`, for the figures' labels.
+fn tool(mode: Mode) -> &'static str {
     match mode {
-        Mode::Iptables => ("iptables-restore", &["-w", "--noflush"]),
-        _ => ("nft", &["-f", "-"]),
+        Mode::Iptables => "iptables-restore",
+        _ => "nft",
     }
 }
 
@@ -145,39 +145,6 @@ struct Figures {
     update: Vec<Duration>,
     raw_update: Vec<Duration>,
     add: Vec<Duration>,
-}
-
-/// The proxier's script generator alone, fed the same changes as the
-/// backend: the very delta each change writes, for loading raw.
-enum Twin {
-    Nftables(nftables::Proxier),
-    Iptables(iptables::Proxier),
-}
-
-impl Twin {
-    fn new(mode: Mode) -> Twin {
-        let cidr = Some("198.18.0.0/24".to_string());
-        match mode {
-            Mode::Iptables => Twin::Iptables(iptables::Proxier::new(cidr)),
-            _ => Twin::Nftables(nftables::Proxier::new(cidr)),
-        }
-    }
-
-    fn full(&mut self, all: &[(ServicePort, Targets)]) -> String {
-        let all = all.iter().map(|(s, t)| (s, t));
-        match self {
-            Twin::Iptables(p) => p.full_sync(all, &Default::default()).text + &iptables_jumps(),
-            Twin::Nftables(p) => p.full_sync(nftables::Full::Replace, all).0,
-        }
-    }
-
-    fn partial(&mut self, change: &Change) -> String {
-        let changes = std::slice::from_ref(change);
-        match self {
-            Twin::Iptables(p) => p.partial_sync(changes).text,
-            Twin::Nftables(p) => p.partial_sync(changes).0,
-        }
-    }
 }
 
 /// The jumps from the built-in chains that the backend adds after its
@@ -206,13 +173,12 @@ fn iptables_jumps() -> String {
     text
 }
 
-/// Times `scripts` loaded raw, one after the other.
-async fn raw(mode: Mode, scripts: &[String]) -> Result<Vec<Duration>> {
-    let (program, args) = tool(mode);
+/// Times `scripts` loaded raw by `backend`'s tool, one after the other.
+async fn raw(backend: &Backend, scripts: &[String]) -> Result<Vec<Duration>> {
     let mut out = Vec::new();
     for text in scripts {
         let start = Instant::now();
-        exec::run(program, args, text).await?;
+        backend.load(text).await?;
         out.push(start.elapsed());
     }
     Ok(out)
@@ -247,20 +213,29 @@ fn one(mode: Mode, n: usize, updates: usize) -> Result<Figures> {
         })
         .collect();
 
-    // The floor: the same ruleset the proxier's full sync writes, loaded
-    // raw into a fresh namespace, then the same deltas each change writes.
-    let mut twin = Twin::new(mode);
-    let mut scripts = vec![twin.full(&all)];
-    scripts.extend(changes.iter().map(|c| twin.partial(c)));
+    // The floor: the same ruleset the backend's full sync writes, loaded
+    // raw into a fresh namespace, then the same deltas each change writes,
+    // from a twin backend fed the same changes (its scripts, not applied).
+    let mut twin = Backend::new(mode, Some("198.18.0.0/24".into())).context("backend")?;
+    let mut full = twin.full_script(&all, false, &BTreeSet::new()).0;
+    if mode == Mode::Iptables {
+        full.push_str(&iptables_jumps());
+    }
+    let mut scripts = vec![full];
+    scripts.extend(
+        changes
+            .iter()
+            .map(|c| twin.partial_script(std::slice::from_ref(c)).0),
+    );
     let floor_ns = Netns::new("floor")?;
     let (floor, empty_tx) = floor_ns.run(|| async {
-        let floor = raw(mode, &scripts).await?;
+        let floor = raw(&twin, &scripts).await?;
         // What running the tool costs with nothing to do.
         let noop = match mode {
             Mode::Iptables => "*nat\nCOMMIT\n".to_string(),
             _ => format!("add table ip {}\n", nftables::TABLE),
         };
-        let noops = raw(mode, &vec![noop; 5]).await?;
+        let noops = raw(&twin, &vec![noop; 5]).await?;
         Ok::<_, anyhow::Error>((floor, noops.into_iter().min().unwrap_or_default()))
     })?;
     drop(floor_ns);
@@ -327,7 +302,7 @@ fn main() -> Result<()> {
                 ms(raw_update_p50),
                 ms(add_p50),
                 ms(f.empty_tx),
-                program = tool(*mode).0,
+                program = tool(*mode),
             );
             json.insert(
                 key,

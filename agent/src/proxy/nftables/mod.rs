@@ -146,12 +146,7 @@ impl Proxier {
     pub fn partial_sync(&mut self, changes: &[Change]) -> (String, SyncStats) {
         let mut tx = Tx::default();
         for change in changes {
-            let old_names: Vec<ServicePortName> = self
-                .programmed
-                .keys()
-                .filter(|n| change.is_of(n))
-                .cloned()
-                .collect();
+            let old_names = change.known_ports(self.programmed.keys());
             let mut seen = BTreeSet::new();
             for (svc, targets) in &change.ports {
                 let new = self.objects_for(svc, targets);
