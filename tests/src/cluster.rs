@@ -1087,6 +1087,32 @@ pub async fn client_from(kubeconfig: &Path) -> Result<kube::Client> {
 }
 
 /// Whether the Node's Ready condition is True.
+/// Where a node's server listens, `<InternalIP>:<daemonEndpoints port>`,
+/// as the node reports it.
+///
+/// # Errors
+/// The Node cannot be read, or reports no InternalIP or kubelet endpoint.
+pub async fn node_server_address(client: &kube::Client, node: &str) -> Result<String> {
+    let status = Api::<NodeObject>::all(client.clone())
+        .get(node)
+        .await?
+        .status
+        .context("node has no status")?;
+    let ip = status
+        .addresses
+        .iter()
+        .flatten()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address.clone())
+        .context("node has no InternalIP")?;
+    let port = status
+        .daemon_endpoints
+        .and_then(|d| d.kubelet_endpoint)
+        .map(|e| e.port)
+        .context("node reports no kubelet endpoint")?;
+    Ok(format!("{ip}:{port}"))
+}
+
 pub fn node_ready(n: &NodeObject) -> bool {
     ready_status(n) == "True"
 }

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::ListParams;
 use kube::Api;
 use skiff_tests::agent::free_port;
-use skiff_tests::cluster::{node_ready, wait_for, Cluster, ClusterOptions};
+use skiff_tests::cluster::{node_ready, node_server_address, wait_for, Cluster, ClusterOptions};
 use skiff_tests::join::{client_pem_of, kubeconfig_of, JoinCli};
 use skiff_tests::TOOLBOX_IMAGE;
 
@@ -78,29 +78,6 @@ fn served_certificate(endpoint: &str) -> Result<String> {
         .find("-----END CERTIFICATE-----")
         .context("truncated certificate")?;
     Ok(text[start..end + "-----END CERTIFICATE-----".len()].to_string() + "\n")
-}
-
-/// Where the node server listens: the node's InternalIP and the kubelet
-/// endpoint port it reports.
-async fn node_endpoint(client: &kube::Client, node: &str) -> Result<String> {
-    let status = Api::<NodeObject>::all(client.clone())
-        .get(node)
-        .await?
-        .status
-        .context("no node status")?;
-    let ip = status
-        .addresses
-        .iter()
-        .flatten()
-        .find(|a| a.type_ == "InternalIP")
-        .map(|a| a.address.clone())
-        .context("no InternalIP")?;
-    let port = Some(status)
-        .and_then(|s| s.daemon_endpoints)
-        .and_then(|d| d.kubelet_endpoint)
-        .map(|e| e.port)
-        .context("no kubelet endpoint")?;
-    Ok(format!("{ip}:{port}"))
 }
 
 /// Container ids and restart counts of the Deployment's pods.
@@ -202,7 +179,7 @@ async fn joined_nodes_run_a_deployment_and_rotate_their_certificates() -> Result
             );
             let entry = seen.entry(n.clone()).or_default();
             entry.0.insert(serial);
-            let served = served_certificate(&node_endpoint(&client, n).await?)?;
+            let served = served_certificate(&node_server_address(&client, n).await?)?;
             let (serial, subject, issuer) = identity_of(&served)?;
             // Until the first serving certificate is issued, the node
             // serves its self-signed one.

@@ -8,10 +8,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use skiff_tests::agent::{insecure_client, pods};
-use skiff_tests::cluster::{wait_for, Cluster, ClusterOptions};
+use skiff_tests::cluster::{node_server_address, wait_for, Cluster, ClusterOptions};
 use skiff_tests::TOOLBOX_IMAGE;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
@@ -73,23 +73,8 @@ async fn wait_running(cluster: &Cluster, name: &str) -> Result<Pod> {
 
 /// `https://<InternalIP>:<daemonEndpoints port>` of a node.
 async fn node_server_url(cluster: &Cluster, node: &str) -> Result<String> {
-    let n = Api::<NodeObject>::all(cluster.client().await?)
-        .get(node)
-        .await?;
-    let status = n.status.context("node has no status")?;
-    let port = status
-        .daemon_endpoints
-        .and_then(|d| d.kubelet_endpoint)
-        .map(|e| e.port)
-        .context("node reports no kubelet endpoint")?;
-    let ip = status
-        .addresses
-        .into_iter()
-        .flatten()
-        .find(|a| a.type_ == "InternalIP")
-        .map(|a| a.address)
-        .context("node has no InternalIP")?;
-    Ok(format!("https://{ip}:{port}"))
+    let address = node_server_address(&cluster.client().await?, node).await?;
+    Ok(format!("https://{address}"))
 }
 
 /// HTTP status of GET `path` with `client`.
