@@ -1,6 +1,7 @@
-//! A light load generator: HTTP/1.1 over TLS with the admin client
-//! certificate, one connection per worker, bodies serialised before the
-//! clock starts. It sends the same API requests a client library would;
+//! A light load generator: HTTPS with the admin client certificate,
+//! either HTTP/1.1 with one connection per worker or HTTP/2 with every
+//! worker multiplexed on one connection (what kubectl and client-go do),
+//! bodies serialised before the clock starts. It sends the same API requests a client library would;
 //! what it leaves out is the library's own CPU (kube-rs spends about as
 //! much per request as the server does, and both share the same cores).
 
@@ -13,8 +14,8 @@ use base64::Engine;
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
@@ -25,13 +26,36 @@ pub struct Call {
     pub body: Option<Bytes>,
 }
 
-/// A connection of [`Target::connect`].
-pub type Conn = SendRequest<Full<Bytes>>;
+/// A connection of [`Target::connect`]; an HTTP/2 one is shared through
+/// [`Conn::share`].
+pub enum Conn {
+    Http1(http1::SendRequest<Full<Bytes>>),
+    Http2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Conn {
+    /// Another handle on the same connection: HTTP/2 only, since an
+    /// HTTP/1.1 connection carries one request at a time.
+    pub fn share(&self) -> Option<Conn> {
+        match self {
+            Conn::Http1(_) => None,
+            Conn::Http2(c) => Some(Conn::Http2(c.clone())),
+        }
+    }
+}
+
+/// The HTTP version spoken over TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    Http1,
+    Http2,
+}
 
 /// TLS client settings from a kubeconfig's first cluster and user.
 pub struct Target {
     addr: SocketAddr,
     tls: tokio_rustls::TlsConnector,
+    version: Version,
 }
 
 /// `doc[list][0][entry][field]`, base64-decoded (kubeconfig `*-data` fields).
@@ -52,7 +76,11 @@ fn kubeconfig_data(
 impl Target {
     /// The server and client certificate of `kubeconfig` (as the server
     /// writes `admin.kubeconfig`: embedded PEM data).
-    pub fn from_kubeconfig(path: &Path, addr: SocketAddr) -> anyhow::Result<Target> {
+    pub fn from_kubeconfig(
+        path: &Path,
+        addr: SocketAddr,
+        version: Version,
+    ) -> anyhow::Result<Target> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
@@ -68,29 +96,42 @@ impl Target {
         let mut cfg = rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)?;
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        cfg.alpn_protocols = vec![match version {
+            Version::Http1 => b"http/1.1".to_vec(),
+            Version::Http2 => b"h2".to_vec(),
+        }];
         Ok(Target {
             addr,
             tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
+            version,
         })
     }
 
-    /// One HTTP/1.1 connection (TLS handshake included).
+    /// One connection (TLS handshake included).
     pub async fn connect(&self) -> anyhow::Result<Conn> {
         let tcp = tokio::net::TcpStream::connect(self.addr).await?;
         tcp.set_nodelay(true)?;
         let name = ServerName::from(self.addr.ip());
         let tls = self.tls.connect(name, tcp).await?;
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
-        // A broken connection fails the request in flight, which reports it.
-        tokio::spawn(conn);
-        Ok(send)
+        let io = TokioIo::new(tls);
+        // A broken connection fails the requests in flight, which report it.
+        Ok(match self.version {
+            Version::Http1 => {
+                let (send, conn) = http1::handshake(io).await?;
+                tokio::spawn(conn);
+                Conn::Http1(send)
+            }
+            Version::Http2 => {
+                let (send, conn) = http2::handshake(TokioExecutor::new(), io).await?;
+                tokio::spawn(conn);
+                Conn::Http2(send)
+            }
+        })
     }
 }
 
 /// One request; the answer's status and whole body.
 pub async fn send(conn: &mut Conn, call: Call) -> anyhow::Result<(StatusCode, Bytes)> {
-    conn.ready().await?;
     let mut req = Request::builder()
         .method(call.method)
         .uri(call.path)
@@ -100,7 +141,16 @@ pub async fn send(conn: &mut Conn, call: Call) -> anyhow::Result<(StatusCode, By
         req = req.header(header::CONTENT_TYPE, "application/json");
     }
     let req = req.body(Full::new(call.body.unwrap_or_default()))?;
-    let resp = conn.send_request(req).await?;
+    let resp = match conn {
+        Conn::Http1(c) => {
+            c.ready().await?;
+            c.send_request(req).await?
+        }
+        Conn::Http2(c) => {
+            c.ready().await?;
+            c.send_request(req).await?
+        }
+    };
     let status = resp.status();
     let body = resp.into_body().collect().await?.to_bytes();
     Ok((status, body))

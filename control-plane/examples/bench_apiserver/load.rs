@@ -23,8 +23,12 @@ use super::https::{self, Call, Conn};
 /// Which client drives the pod workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ClientKind {
-    /// Light HTTPS/1.1 client, bodies serialised up front.
+    /// Light HTTPS/1.1 client, one connection per worker, bodies
+    /// serialised up front.
     Https,
+    /// The same over HTTP/2, every worker on one connection (as kubectl
+    /// and client-go).
+    Https2,
     /// kube-rs `Api<Pod>` (what controllers use; about as much CPU per
     /// request as the server).
     Kube,
@@ -138,9 +142,12 @@ pub enum Load {
 
 impl Load {
     pub async fn https(target: https::Target, concurrency: usize) -> anyhow::Result<Load> {
-        let mut conns = Vec::with_capacity(concurrency);
-        for _ in 0..concurrency {
-            conns.push(target.connect().await?);
+        let mut conns: Vec<Conn> = Vec::with_capacity(concurrency);
+        while conns.len() < concurrency {
+            match conns.first().and_then(Conn::share) {
+                Some(c) => conns.push(c),
+                None => conns.push(target.connect().await?),
+            }
         }
         Ok(Load::Https { target, conns })
     }

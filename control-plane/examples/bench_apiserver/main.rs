@@ -303,9 +303,13 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let client = kube::Client::try_from(cfg)?;
     let mut pods = match args.client {
-        ClientKind::Https => {
+        ClientKind::Https | ClientKind::Https2 => {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            let target = https::Target::from_kubeconfig(&kubeconfig, addr)?;
+            let version = match args.client {
+                ClientKind::Https2 => https::Version::Http2,
+                _ => https::Version::Http1,
+            };
+            let target = https::Target::from_kubeconfig(&kubeconfig, addr, version)?;
             Load::https(target, args.concurrency).await?
         }
         ClientKind::Kube => Load::Kube(client.clone()),

@@ -321,8 +321,14 @@ pub(crate) async fn create(
     r: &Req,
     body: Bytes,
 ) -> ApiResult<Response<Body>> {
-    let obj = decode_body(&body, r.content_type())?;
-    let (obj, warnings, stored) = create_value_stored(api, r, obj).await?;
+    // The common case first: a JSON body that the kind's model takes whole
+    // is decoded once, straight into it.
+    let json = r.content_type().split(';').next().unwrap_or("").trim() == "application/json";
+    let (obj, canonical) = match json.then(|| validation::decode_json_body(r.def, &body)) {
+        Some(Some(obj)) => (obj, true),
+        _ => (decode_body(&body, r.content_type())?, false),
+    };
+    let (obj, warnings, stored) = create_value_stored(api, r, obj, canonical).await?;
     // The plain JSON answer is the bytes just stored with the revision
     // spliced in: no second serialization of the object.
     let plain = !convert::converts(r.def)
@@ -343,17 +349,19 @@ pub(crate) async fn create_value(
     r: &Req,
     obj: Value,
 ) -> ApiResult<(Value, Vec<String>)> {
-    let (obj, warnings, _) = create_value_stored(api, r, obj).await?;
+    let (obj, warnings, _) = create_value_stored(api, r, obj, false).await?;
     Ok((obj, warnings))
 }
 
 /// [`create_value`], also returning the stored bytes and their revision
-/// (None on a dry run).
+/// (None on a dry run). `canonical`: `obj` already came out of the kind's
+/// typed model, with no field it lacks.
 #[allow(clippy::type_complexity)]
 async fn create_value_stored(
     api: &ApiServer,
     r: &Req,
     mut obj: Value,
+    canonical: bool,
 ) -> ApiResult<(Value, Vec<String>, Option<(Vec<u8>, i64)>)> {
     let def = r.def;
     check_type_meta(def, &mut obj)?;
@@ -387,7 +395,11 @@ async fn create_value_stored(
         }
     }
     let name = objects::name(&obj).unwrap_or_default().to_string();
-    let (mut obj, warnings) = typed(r, &obj)?;
+    let (mut obj, warnings) = if canonical {
+        (obj, Vec::new())
+    } else {
+        typed(r, &obj)?
+    };
     {
         let m = meta_mut(&mut obj);
         m.insert("uid".into(), json!(objects::new_uid()));

@@ -397,46 +397,87 @@ fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
 /// A message like `json: cannot unmarshal ...` for wrong types or shapes,
 /// answered as 400 Bad Request.
 pub fn decode_typed(def: &ResourceDef, obj: &Value) -> Result<(Value, Vec<String>), String> {
-    use k8s_openapi::api::{
-        apps, batch, certificates, coordination, core, discovery, events, rbac,
-    };
-    let typed = match (def.group, def.kind) {
-        ("", "Namespace") => roundtrip::<core::v1::Namespace>(obj),
-        ("", "Node") => roundtrip::<core::v1::Node>(obj),
-        ("", "Pod") => roundtrip::<core::v1::Pod>(obj),
-        ("", "Service") => roundtrip::<core::v1::Service>(obj),
-        ("", "Endpoints") => roundtrip::<core::v1::Endpoints>(obj),
-        ("", "ConfigMap") => roundtrip::<core::v1::ConfigMap>(obj),
-        ("", "Secret") => roundtrip::<core::v1::Secret>(obj),
-        ("", "Event") => roundtrip::<core::v1::Event>(obj),
-        ("", "ServiceAccount") => roundtrip::<core::v1::ServiceAccount>(obj),
-        ("apps", "Deployment") => roundtrip::<apps::v1::Deployment>(obj),
-        ("apps", "ReplicaSet") => roundtrip::<apps::v1::ReplicaSet>(obj),
-        ("apps", "DaemonSet") => roundtrip::<apps::v1::DaemonSet>(obj),
-        ("batch", "Job") => roundtrip::<batch::v1::Job>(obj),
-        ("coordination.k8s.io", "Lease") => roundtrip::<coordination::v1::Lease>(obj),
-        ("discovery.k8s.io", "EndpointSlice") => roundtrip::<discovery::v1::EndpointSlice>(obj),
-        ("events.k8s.io", "Event") => roundtrip::<events::v1::Event>(obj),
-        ("rbac.authorization.k8s.io", "Role") => roundtrip::<rbac::v1::Role>(obj),
-        ("rbac.authorization.k8s.io", "RoleBinding") => roundtrip::<rbac::v1::RoleBinding>(obj),
-        ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<rbac::v1::ClusterRole>(obj),
-        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
-            roundtrip::<rbac::v1::ClusterRoleBinding>(obj)
-        }
-        ("certificates.k8s.io", "CertificateSigningRequest") => {
-            roundtrip::<certificates::v1::CertificateSigningRequest>(obj)
-        }
-        _ => Ok(obj.clone()),
-    }?;
+    let typed = with_model(def, FromValue(obj)).unwrap_or_else(|| Ok(obj.clone()))?;
     let mut unknown = Vec::new();
     unknown_fields(&mut Vec::new(), obj, &typed, &mut unknown);
     Ok((typed, unknown))
 }
 
-fn roundtrip<T: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, String> {
-    // Deserialize from the borrowed Value: no deep copy of the object first.
-    let t = T::deserialize(obj).map_err(|e| e.to_string())?;
-    serde_json::to_value(&t).map_err(|e| e.to_string())
+/// The canonical JSON of a JSON request body decoded straight into the
+/// typed model, skipping the untyped tree [`decode_typed`] starts from.
+/// None unless that takes: a kind without a model, a body the model
+/// refuses, or one with fields the model lacks go the general way, which
+/// words their errors and warnings.
+pub fn decode_json_body(def: &ResourceDef, body: &[u8]) -> Option<Value> {
+    with_model(def, FromJson(body))?.ok()
+}
+
+/// Decodes one kind's typed model from some input, back to canonical JSON.
+trait ModelDecoder {
+    fn decode<T: DeserializeOwned + Serialize>(self) -> Result<Value, String>;
+}
+
+/// From an untyped tree, borrowed: no deep copy of the object first.
+struct FromValue<'a>(&'a Value);
+
+impl ModelDecoder for FromValue<'_> {
+    fn decode<T: DeserializeOwned + Serialize>(self) -> Result<Value, String> {
+        let t = T::deserialize(self.0).map_err(|e| e.to_string())?;
+        serde_json::to_value(&t).map_err(|e| e.to_string())
+    }
+}
+
+/// From JSON text; any field the model ignores fails it.
+struct FromJson<'a>(&'a [u8]);
+
+impl ModelDecoder for FromJson<'_> {
+    fn decode<T: DeserializeOwned + Serialize>(self) -> Result<Value, String> {
+        let mut de = serde_json::Deserializer::from_slice(self.0);
+        let mut ignored = false;
+        let t: T =
+            serde_ignored::deserialize(&mut de, |_| ignored = true).map_err(|e| e.to_string())?;
+        de.end().map_err(|e| e.to_string())?;
+        if ignored {
+            return Err("unknown fields".into());
+        }
+        serde_json::to_value(&t).map_err(|e| e.to_string())
+    }
+}
+
+/// Run `d` with the typed model of `def`'s kind; None for kinds without
+/// one (custom and review kinds).
+fn with_model<D: ModelDecoder>(def: &ResourceDef, d: D) -> Option<Result<Value, String>> {
+    use k8s_openapi::api::{
+        apps, batch, certificates, coordination, core, discovery, events, rbac,
+    };
+    Some(match (def.group, def.kind) {
+        ("", "Namespace") => d.decode::<core::v1::Namespace>(),
+        ("", "Node") => d.decode::<core::v1::Node>(),
+        ("", "Pod") => d.decode::<core::v1::Pod>(),
+        ("", "Service") => d.decode::<core::v1::Service>(),
+        ("", "Endpoints") => d.decode::<core::v1::Endpoints>(),
+        ("", "ConfigMap") => d.decode::<core::v1::ConfigMap>(),
+        ("", "Secret") => d.decode::<core::v1::Secret>(),
+        ("", "Event") => d.decode::<core::v1::Event>(),
+        ("", "ServiceAccount") => d.decode::<core::v1::ServiceAccount>(),
+        ("apps", "Deployment") => d.decode::<apps::v1::Deployment>(),
+        ("apps", "ReplicaSet") => d.decode::<apps::v1::ReplicaSet>(),
+        ("apps", "DaemonSet") => d.decode::<apps::v1::DaemonSet>(),
+        ("batch", "Job") => d.decode::<batch::v1::Job>(),
+        ("coordination.k8s.io", "Lease") => d.decode::<coordination::v1::Lease>(),
+        ("discovery.k8s.io", "EndpointSlice") => d.decode::<discovery::v1::EndpointSlice>(),
+        ("events.k8s.io", "Event") => d.decode::<events::v1::Event>(),
+        ("rbac.authorization.k8s.io", "Role") => d.decode::<rbac::v1::Role>(),
+        ("rbac.authorization.k8s.io", "RoleBinding") => d.decode::<rbac::v1::RoleBinding>(),
+        ("rbac.authorization.k8s.io", "ClusterRole") => d.decode::<rbac::v1::ClusterRole>(),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+            d.decode::<rbac::v1::ClusterRoleBinding>()
+        }
+        ("certificates.k8s.io", "CertificateSigningRequest") => {
+            d.decode::<certificates::v1::CertificateSigningRequest>()
+        }
+        _ => return None,
+    })
 }
 
 /// One step of a path into an object.
@@ -531,5 +572,32 @@ mod tests {
         );
         let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": 5}});
         assert!(decode_typed(pods, &bad).is_err());
+    }
+
+    #[test]
+    fn json_bodies_decode_straight_to_the_same_canonical_object() {
+        let pods = lookup("", "v1", "pods").unwrap();
+        let pod = json!({"metadata": {"name": "p", "labels": {"x": "y"}},
+            "spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80}],
+                "resources": {"requests": {"cpu": "10m"}}}], "nodeSelector": {}}});
+        let body = serde_json::to_vec(&pod).unwrap();
+        let (want, unknown) = decode_typed(pods, &pod).unwrap();
+        assert!(unknown.is_empty());
+        assert_eq!(decode_json_body(pods, &body), Some(want));
+        // Left to the general path, which words errors and warnings.
+        for refused in [
+            r#"{"metadata": {"name": "p"}, "spec": {"nope": true}}"#,
+            r#"{"apiVersion": "apps/v1", "kind": "Pod", "metadata": {"name": "p"}}"#,
+            r#"{"metadata": {"name": 5}}"#,
+            r#"{"metadata": {"name": "p"}} trailing"#,
+            r#"[]"#,
+            "",
+        ] {
+            assert_eq!(
+                decode_json_body(pods, refused.as_bytes()),
+                None,
+                "{refused}"
+            );
+        }
     }
 }
