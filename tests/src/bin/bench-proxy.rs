@@ -8,7 +8,8 @@
 //! raw `nft -f` (`iptables-restore` in iptables mode) into a fresh
 //! namespace, then the very delta of each change loaded raw the same way,
 //! and the cost of running the tool at all (an empty transaction). Ends
-//! with one JSON line.
+//! with one JSON line. SIGINT or SIGTERM deletes the run's namespaces, and
+//! a run deletes those a killed one left behind.
 //!
 //! Run as root: `cargo run --release -p skiff-tests --bin bench-proxy
 //! [-- --sizes 1000,10000 --updates 20 --modes nftables,iptables]`.
@@ -57,12 +58,15 @@ fn args() -> Result<Args> {
     Ok(a)
 }
 
+/// The benchmark's namespaces are `skiff-bench-<pid>-<tag>`.
+const NETNS_PREFIX: &str = "skiff-bench-";
+
 /// A namespace of the benchmark's own, deleted on drop.
 struct Netns(String);
 
 impl Netns {
     fn new(tag: &str) -> Result<Netns> {
-        let name = format!("skiff-bench-{}-{tag}", std::process::id());
+        let name = format!("{NETNS_PREFIX}{}-{tag}", std::process::id());
         let ok = Command::new("ip").args(["netns", "add", &name]).status()?;
         ensure!(ok.success(), "ip netns add {name} (run as root)");
         Ok(Netns(name))
@@ -97,6 +101,46 @@ impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
+}
+
+/// Deletes the namespaces (and so the rules) of earlier runs whose process
+/// is gone, and with `own` this run's too.
+fn remove_namespaces(own: bool) {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(NETNS_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        let gone = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if gone || (own && pid == me) {
+            let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        }
+    }
+}
+
+/// On SIGINT or SIGTERM delete this run's namespaces, then exit: drops do
+/// not run when a signal ends the process. Called before any other thread
+/// starts, so that all of them inherit the blocked mask and the signals
+/// reach only the waiting thread (child processes get a clean mask).
+fn clean_up_on_signals() -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.thread_block()?;
+    std::thread::spawn(move || {
+        if let Ok(sig) = set.wait() {
+            remove_namespaces(true);
+            std::process::exit(128 + sig as i32);
+        }
+    });
+    Ok(())
 }
 
 fn vip(i: usize) -> Ipv4Addr {
@@ -279,6 +323,8 @@ fn main() -> Result<()> {
         "bench-proxy needs root (it creates network namespaces)"
     );
     let a = args()?;
+    remove_namespaces(false);
+    clean_up_on_signals()?;
     let mut json = BTreeMap::new();
     for mode in &a.modes {
         for &n in &a.sizes {
