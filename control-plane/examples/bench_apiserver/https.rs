@@ -1,9 +1,10 @@
 //! A light load generator: HTTPS with the admin client certificate,
 //! either HTTP/1.1 with one connection per worker or HTTP/2 with every
 //! worker multiplexed on one connection (what kubectl and client-go do),
-//! bodies serialised before the clock starts. It sends the same API requests a client library would;
-//! what it leaves out is the library's own CPU (kube-rs spends about as
-//! much per request as the server does, and both share the same cores).
+//! bodies serialised before the clock starts. It sends the same API
+//! requests a client library would; what it leaves out is the library's
+//! own CPU (kube-rs spends about as much per request as the server does,
+//! and both share the same cores).
 
 use std::net::SocketAddr;
 use std::path::Path;
