@@ -17,8 +17,8 @@ use super::resources::{self, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause};
 use super::{
-    check_type_meta, decode_body, defaults, json_response, table, validation, with_warnings,
-    ApiServer, Req,
+    check_type_meta, decode_body, defaults, json_response, media_type, table, validation,
+    with_warnings, ApiServer, Req,
 };
 use crate::store::{self, KeyValue};
 
@@ -323,7 +323,7 @@ pub(crate) async fn create(
 ) -> ApiResult<Response<Body>> {
     // The common case first: a JSON body that the kind's model takes whole
     // is decoded once, straight into it.
-    let json = r.content_type().split(';').next().unwrap_or("").trim() == "application/json";
+    let json = media_type(r.content_type()) == "application/json";
     let (obj, canonical) = match json.then(|| validation::decode_json_body(r.def, &body)) {
         Some(Some(obj)) => (obj, true),
         _ => (decode_body(&body, r.content_type())?, false),

@@ -634,6 +634,12 @@ pub(crate) fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Re
     resp
 }
 
+/// The media type of a Content-Type header, without its parameters
+/// (`application/json; charset=utf-8` is `application/json`).
+pub(crate) fn media_type(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
+}
+
 /// Decode a JSON or YAML request body into an object.
 ///
 /// # Errors
@@ -644,7 +650,7 @@ pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
             "the request body is empty: expected an object",
         ));
     }
-    let base = content_type.split(';').next().unwrap_or("").trim();
+    let base = media_type(content_type);
     let v: Value = if base.ends_with("yaml") {
         serde_yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?

@@ -35,8 +35,7 @@ pub enum PatchType {
 
 impl PatchType {
     pub fn from_content_type(ct: &str) -> Option<Self> {
-        let base = ct.split(';').next().unwrap_or("").trim();
-        match base {
+        match super::media_type(ct) {
             "application/json-patch+json" => Some(PatchType::Json),
             "application/merge-patch+json" => Some(PatchType::Merge),
             "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
