@@ -245,10 +245,10 @@ async fn spread(ip: [u8; 4], n: usize) -> BTreeMap<String, usize> {
 }
 
 /// The table as data, handles and backend slots dropped and elements
-/// sorted, so that two listings of the same content compare equal. Left out: the clients in
-/// affinity sets (traffic state), and shared chains nothing jumps to
-/// (partial syncs keep them for reuse; a full sync writes only those in
-/// use).
+/// sorted, so that two listings of the same content compare equal. Left
+/// out: the clients in affinity sets (traffic state), and shared chains
+/// nothing jumps to (partial syncs keep them for reuse; a full sync writes
+/// only those in use).
 fn nft_table(ns: &Netns) -> BTreeMap<String, Vec<String>> {
     let text = ns.sh(&["nft", "-j", "list", "table", "ip", "skiff-proxy"]);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -1086,7 +1086,6 @@ pub async fn client_from(kubeconfig: &Path) -> Result<kube::Client> {
     Ok(kube::Client::try_from(cfg)?)
 }
 
-/// Whether the Node's Ready condition is True.
 /// Where a node's server listens, `<InternalIP>:<daemonEndpoints port>`,
 /// as the node reports it.
 ///
@@ -1113,6 +1112,7 @@ pub async fn node_server_address(client: &kube::Client, node: &str) -> Result<St
     Ok(format!("{ip}:{port}"))
 }
 
+/// Whether the Node's Ready condition is True.
 pub fn node_ready(n: &NodeObject) -> bool {
     ready_status(n) == "True"
 }
