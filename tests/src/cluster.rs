@@ -489,11 +489,22 @@ impl Cluster {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = cmd.spawn().context("running kubectl")?;
-        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(input.as_bytes()).await?;
-            // Dropped here: the child sees end of input.
-        }
-        match tokio::time::timeout(KUBECTL_TIMEOUT, child.wait_with_output()).await {
+        // Input is written while the output is read: a command that echoes
+        // its input (cat) would otherwise stall both once the pipes fill.
+        let pipe = child.stdin.take();
+        let feed = async move {
+            if let (Some(input), Some(mut pipe)) = (stdin, pipe) {
+                // A command that exits without reading it all is not an
+                // error here; its exit status tells.
+                let _ = pipe.write_all(input.as_bytes()).await;
+                // Dropped here: the child sees end of input.
+            }
+        };
+        let run = async {
+            let ((), out) = tokio::join!(feed, child.wait_with_output());
+            out
+        };
+        match tokio::time::timeout(KUBECTL_TIMEOUT, run).await {
             Ok(out) => Ok(out?),
             Err(_) => bail!("kubectl {args:?} did not finish in {KUBECTL_TIMEOUT:?}"),
         }

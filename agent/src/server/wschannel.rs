@@ -18,7 +18,9 @@ use bytes::{BufMut as _, Bytes, BytesMut};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, ReadHalf, WriteHalf};
+use tokio::io::{
+    AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadHalf, WriteHalf,
+};
 use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -27,7 +29,6 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use super::spdy::{self, Frame};
-use super::wstunnel::Upgraded;
 
 /// The WebSocket subprotocols served here, most preferred first.
 pub const V5: &str = "v5.channel.k8s.io";
@@ -47,6 +48,8 @@ const CLOSE: u8 = 255;
 const MAX_DATA: usize = 32 * 1024;
 /// How long the runtime has to accept the streams.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the client has to answer our close with its own.
+pub(super) const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
 /// The subprotocol to serve, if `headers` ask for a WebSocket upgrade
 /// offering one this module speaks; other upgrades (SPDY, older
@@ -162,13 +165,13 @@ enum SessionError {
 }
 
 /// The incoming half of the SPDY session.
-struct Reader {
-    rx: ReadHalf<Upgraded>,
+struct Reader<T> {
+    rx: ReadHalf<T>,
     buf: BytesMut,
     dec: spdy::Decoder,
 }
 
-impl Reader {
+impl<T: AsyncRead> Reader<T> {
     /// The next frame; None at the end of the connection.
     async fn next(&mut self) -> Result<Option<Frame>, SessionError> {
         loop {
@@ -185,20 +188,21 @@ impl Reader {
     }
 }
 
-/// A remote-command SPDY session whose streams the runtime accepted.
-struct Session {
-    reader: Reader,
-    tx: WriteHalf<Upgraded>,
+/// A remote-command SPDY session whose streams the runtime accepted, over
+/// the runtime's connection `T`.
+struct Session<T> {
+    reader: Reader<T>,
+    tx: WriteHalf<T>,
     ids: Ids,
     /// Frames read while waiting for the replies, handled later.
     early: Vec<Frame>,
 }
 
-impl Session {
+impl<T: AsyncRead + AsyncWrite> Session<T> {
     /// Create the streams as upstream's v4 client does (error, then
     /// stdin, stdout, stderr, and resize for a terminal) and wait until
     /// the runtime has replied to each.
-    async fn open(io: Upgraded, s: Streams) -> Result<Session, SessionError> {
+    async fn open(io: T, s: Streams) -> Result<Session<T>, SessionError> {
         let (rx, mut tx) = tokio::io::split(io);
         let mut reader = Reader {
             rx,
@@ -336,11 +340,19 @@ impl Window {
     }
 }
 
-type Ws = WebSocketStream<Upgraded>;
-
 /// Relay until the runtime has finished the streams (the status went out
 /// on the error channel) or the client is gone.
-async fn bridge(ws: Ws, session: Session, v5: bool) {
+///
+/// The runtime closes its connection as soon as the command has exited,
+/// while its last output may still be queued here behind a slow client:
+/// failing to write to the runtime (our window updates, stdin nobody
+/// reads) therefore ends neither the session nor the output, only the
+/// runtime's end decides it.
+async fn bridge<C, T>(ws: WebSocketStream<C>, session: Session<T>, v5: bool)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite,
+{
     let Session {
         reader,
         mut tx,
@@ -374,22 +386,37 @@ async fn bridge(ws: Ws, session: Session, v5: bool) {
         }
         let _ = tx.shutdown().await;
     };
+    let writer = async {
+        writer.await;
+        std::future::pending::<()>().await
+    };
     let down = down(reader, early, ids, ws_tx, ctl_tx, window.clone());
     let up = up(ws_rx, ids, data_tx, window, v5);
+    tokio::pin!(up);
     tokio::select! {
-        _ = down => {}
-        _ = up => {}
+        _ = down => linger(up).await,
+        _ = &mut up => {}
         _ = writer => {}
+    }
+}
+
+/// After our close, read on until the client's (`up` returns on it).
+/// Closing the socket with the client's bytes unread would send a TCP
+/// reset, and a reset discards what we wrote and the client has not yet
+/// received: the end of the output, and the close itself.
+pub(super) async fn linger(up: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(CLOSE_LINGER, up).await.is_err() {
+        tracing::debug!("the client did not answer the close in time");
     }
 }
 
 /// The runtime's frames: output and status to the client, credit back
 /// for what was consumed, pings answered, window changes noted.
-async fn down(
-    mut reader: Reader,
+async fn down<C: AsyncRead + AsyncWrite + Unpin, T: AsyncRead>(
+    mut reader: Reader<T>,
     early: Vec<Frame>,
     ids: Ids,
-    mut ws_tx: SplitSink<Ws, Message>,
+    mut ws_tx: SplitSink<WebSocketStream<C>, Message>,
     ctl: mpsc::UnboundedSender<Frame>,
     window: Arc<Window>,
 ) {
@@ -508,15 +535,17 @@ async fn down(
 }
 
 /// The client's messages: stdin and resize to their SPDY streams, and
-/// (v5) stdin's close as a FIN.
-async fn up(
-    mut ws_rx: SplitStream<Ws>,
+/// (v5) stdin's close as a FIN; until the client closes, even once the
+/// runtime takes no more (what it sends then is dropped).
+async fn up<C: AsyncRead + AsyncWrite + Unpin>(
+    mut ws_rx: SplitStream<WebSocketStream<C>>,
     ids: Ids,
     data: mpsc::Sender<Frame>,
     window: Arc<Window>,
     v5: bool,
 ) {
     let mut stdin_open = ids.stdin.is_some();
+    let mut runtime_open = true;
     while let Some(msg) = ws_rx.next().await {
         let b = match msg {
             Ok(Message::Binary(b)) => b,
@@ -526,6 +555,9 @@ async fn up(
         let Some((&ch, payload)) = b.split_first() else {
             continue;
         };
+        if !runtime_open {
+            continue;
+        }
         match (ch, ids.stdin, ids.resize) {
             (STDIN, Some(stream), _) if stdin_open => {
                 let mut rest = b.slice(1..);
@@ -541,7 +573,8 @@ async fn up(
                         data: chunk,
                     };
                     if data.send(f).await.is_err() {
-                        return;
+                        runtime_open = false;
+                        break;
                     }
                 }
             }
@@ -551,9 +584,7 @@ async fn up(
                     fin: false,
                     data: Bytes::copy_from_slice(payload),
                 };
-                if data.send(f).await.is_err() {
-                    return;
-                }
+                runtime_open = data.send(f).await.is_ok();
             }
             (CLOSE, Some(stream), _) if v5 && payload.first() == Some(&STDIN) && stdin_open => {
                 stdin_open = false;
@@ -562,9 +593,7 @@ async fn up(
                     fin: true,
                     data: Bytes::new(),
                 };
-                if data.send(f).await.is_err() {
-                    return;
-                }
+                runtime_open = data.send(f).await.is_ok();
             }
             _ => {}
         }
@@ -574,6 +603,103 @@ async fn up(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::duplex;
+
+    /// A runtime that accepts the streams, writes `output` on stdout and
+    /// an exit status on the error stream, and hangs up at once, as
+    /// containerd does when the command exits: nothing it was sent after
+    /// that can be written any more.
+    async fn runtime_that_hangs_up(mut io: tokio::io::DuplexStream, output: Vec<u8>) {
+        let mut dec = spdy::Decoder::new();
+        let mut buf = BytesMut::new();
+        let mut streams = Vec::new();
+        while streams.len() < 4 {
+            match dec.decode(&mut buf).unwrap() {
+                Some(Frame::SynStream { stream, .. }) => streams.push(stream),
+                Some(_) => {}
+                None => assert_ne!(io.read_buf(&mut buf).await.unwrap(), 0),
+            }
+        }
+        let (error, stdout, stderr) = (streams[0], streams[2], streams[3]);
+        let mut enc = spdy::Encoder::new().unwrap();
+        let mut out = BytesMut::new();
+        for &stream in &streams {
+            let reply = Frame::SynReply {
+                stream,
+                fin: false,
+                headers: vec![],
+            };
+            enc.encode(&reply, &mut out).unwrap();
+        }
+        for chunk in output.chunks(16 * 1024) {
+            let data = Bytes::copy_from_slice(chunk);
+            let frame = Frame::Data {
+                stream: stdout,
+                fin: false,
+                data,
+            };
+            enc.encode(&frame, &mut out).unwrap();
+        }
+        let status = Bytes::from_static(br#"{"status":"Success"}"#);
+        for (stream, data) in [
+            (stdout, Bytes::new()),
+            (stderr, Bytes::new()),
+            (error, status),
+        ] {
+            let frame = Frame::Data {
+                stream,
+                fin: true,
+                data,
+            };
+            enc.encode(&frame, &mut out).unwrap();
+        }
+        io.write_all(&out).await.unwrap();
+    }
+
+    /// The command's whole output and status reach a client slower than
+    /// the runtime, which hung up meanwhile: our window updates then fail
+    /// to reach it, and that must not cut the output short.
+    #[tokio::test]
+    async fn output_outlives_the_runtimes_hang_up() {
+        let output: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let (agent_rt, rt) = duplex(1 << 20);
+        let runtime = tokio::spawn(runtime_that_hangs_up(rt, output.clone()));
+        let streams = Streams {
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            tty: false,
+        };
+        let session = Session::open(agent_rt, streams).await.unwrap();
+        runtime.await.unwrap();
+
+        // A narrow pipe to the client: the output queues here.
+        let (agent_ws, client) = duplex(4 * 1024);
+        let server = WebSocketStream::from_raw_socket(agent_ws, Role::Server, None).await;
+        let bridge = tokio::spawn(bridge(server, session, true));
+        let mut client = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        client
+            .send(Message::Binary(Bytes::from_static(b"\x00some stdin")))
+            .await
+            .unwrap();
+        let (mut stdout, mut status, mut closed) = (Vec::new(), Vec::new(), None);
+        while let Some(msg) = client.next().await {
+            let msg = msg.unwrap_or_else(|e| {
+                panic!("the session broke off after {} bytes: {e}", stdout.len())
+            });
+            match msg {
+                Message::Binary(b) if b[0] == STDOUT => stdout.extend_from_slice(&b[1..]),
+                Message::Binary(b) if b[0] == ERROR => status.extend_from_slice(&b[1..]),
+                Message::Close(c) => closed = c.map(|c| c.code),
+                _ => {}
+            }
+        }
+        bridge.await.unwrap();
+        assert_eq!(stdout.len(), output.len());
+        assert!(stdout == output, "the output arrived altered");
+        assert_eq!(status, br#"{"status":"Success"}"#);
+        assert_eq!(closed, Some(CloseCode::Normal));
+    }
 
     fn headers(upgrade: &str, protocols: &str) -> HeaderMap {
         let mut h = HeaderMap::new();

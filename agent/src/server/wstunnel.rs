@@ -137,17 +137,18 @@ pub(super) async fn spdy_upgrade(url: &str, protocol: &str) -> Result<Upgraded, 
 }
 
 /// Binary messages' payloads to the runtime, the runtime's bytes back as
-/// binary messages, until either side closes.
+/// binary messages, until either side closes. A runtime that stops
+/// reading has not necessarily finished writing: only its end of output,
+/// or the client's close, ends the session.
 async fn relay(ws: WebSocketStream<Upgraded>, runtime: Upgraded) {
     let (mut ws_tx, mut ws_rx) = ws.split();
     let (mut rt_rx, mut rt_tx) = tokio::io::split(runtime);
     let up = async {
+        let mut runtime_open = true;
         while let Some(msg) = ws_rx.next().await {
             match msg {
-                Ok(Message::Binary(b)) => {
-                    if rt_tx.write_all(&b).await.is_err() {
-                        break;
-                    }
+                Ok(Message::Binary(b)) if runtime_open => {
+                    runtime_open = rt_tx.write_all(&b).await.is_ok();
                 }
                 Ok(Message::Close(_)) | Err(_) => break,
                 Ok(_) => {}
@@ -172,8 +173,9 @@ async fn relay(ws: WebSocketStream<Upgraded>, runtime: Upgraded) {
     };
     // Either side's end ends the session: a port-forward has no half-close
     // at this level (SPDY streams carry their own).
+    tokio::pin!(up);
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        _ = &mut up => {}
+        _ = down => super::wschannel::linger(up).await,
     }
 }
