@@ -8,7 +8,7 @@
 //! TCP needs none of this: a dead endpoint resets, a refused SYN leaves
 //! no established entry.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use super::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
@@ -46,7 +46,7 @@ impl Flush {
 /// What the last applied sync knew of each UDP service port.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    known: HashMap<ServicePortName, (ServicePort, Targets)>,
+    known: BTreeMap<ServicePortName, (ServicePort, Targets)>,
 }
 
 fn usable(t: &Targets) -> BTreeSet<&Endpoint> {
@@ -76,7 +76,7 @@ impl Tracker {
     pub fn changed(&mut self, changes: &[Change]) -> BTreeSet<Flush> {
         let mut flush = BTreeSet::new();
         for change in changes {
-            let mut gone = change.known_ports(self.known.keys());
+            let mut gone = change.known_ports(&self.known);
             gone.retain(|n| !change.ports.iter().any(|(s, _)| &s.name == n));
             for name in gone {
                 if let Some((_, old)) = self.known.remove(&name) {

@@ -310,7 +310,7 @@ fn fixed() -> Vec<(Table, &'static str, Vec<String>)> {
 pub struct Proxier {
     /// The pod CIDR and whether the kernel holds what was written.
     pub basis: Basis,
-    programmed: HashMap<ServicePortName, Objects>,
+    programmed: BTreeMap<ServicePortName, Objects>,
 }
 
 /// An `iptables-restore --noflush` input and the chains it must delete.
@@ -379,7 +379,7 @@ impl Proxier {
         let mut delete: BTreeSet<(Table, String)> = BTreeSet::new();
         let mut dispatch_changed = false;
         for change in changes {
-            let old_names = change.known_ports(self.programmed.keys());
+            let old_names = change.known_ports(&self.programmed);
             let mut next: HashMap<ServicePortName, Objects> = HashMap::new();
             for (svc, targets) in &change.ports {
                 next.insert(
@@ -440,16 +440,14 @@ impl Proxier {
 
     /// A dispatch chain's rules, in a stable order.
     fn dispatch_rules(&self, table: Table, chain: &'static str) -> Vec<String> {
-        let mut names: Vec<&ServicePortName> = self.programmed.keys().collect();
-        names.sort();
         let mut rules: Vec<String> = Vec::new();
         if table == Table::Filter && chain == SERVICES {
             rules.push(
                 "-m mark --mark 0x8000/0x8000 -m comment --comment \"skiff drops\" -j DROP".into(),
             );
         }
-        for n in names {
-            if let Some(r) = self.programmed[n].dispatch.get(&(table, chain)) {
+        for o in self.programmed.values() {
+            if let Some(r) = o.dispatch.get(&(table, chain)) {
                 rules.extend(r.iter().cloned());
             }
         }

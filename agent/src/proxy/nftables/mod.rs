@@ -26,7 +26,7 @@ pub struct Proxier {
     /// The pod CIDR and whether the kernel holds what was written.
     pub basis: Basis,
     /// What each service port put in the table.
-    programmed: HashMap<ServicePortName, Objects>,
+    programmed: BTreeMap<ServicePortName, Objects>,
     /// Slot order of each service port's cluster and local endpoints.
     slots: HashMap<(ServicePortName, bool), Vec<Addr>>,
     /// Map elements and the service ports that want them; the first
@@ -146,7 +146,7 @@ impl Proxier {
     pub fn partial_sync(&mut self, changes: &[Change]) -> (String, SyncStats) {
         let mut tx = Tx::default();
         for change in changes {
-            let old_names = change.known_ports(self.programmed.keys());
+            let old_names = change.known_ports(&self.programmed);
             let mut seen = BTreeSet::new();
             for (svc, targets) in &change.ports {
                 let new = self.objects_for(svc, targets);
