@@ -6,7 +6,7 @@
 //! Run: `cargo build --release -p skiff-control-plane --bin skiff-server --examples`
 //! then `target/release/examples/bench_apiserver [--pods N] [--gets N] [--lists N] [--concurrency C]
 //! [--rounds R] [--client https|kube] [--components] [--watchers W]
-//! [--events E] [--server-bin PATH]`.
+//! [--events E] [--server-bin PATH] [--stages]`.
 //!
 //! The server runs as its own process (the `skiff-server` binary next to
 //! this example) so that its RSS and CPU time are its own. By default it
@@ -28,6 +28,7 @@
 mod cpu;
 mod https;
 mod load;
+mod stages;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -74,6 +75,10 @@ struct Args {
     /// skiff-server binary [default: next to this example's directory].
     #[arg(long)]
     server_bin: Option<PathBuf>,
+    /// Only time the steps of a pod create's object pipeline in this
+    /// process, --pods times (no server).
+    #[arg(long)]
+    stages: bool,
 }
 
 /// Kills the server on drop.
@@ -281,6 +286,9 @@ async fn watch_fanout(
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
+    if args.stages {
+        return stages::run(args.pods);
+    }
     let dir = tempfile::tempdir()?;
     let port = free_port()?;
     let data = dir.path().join("server");
