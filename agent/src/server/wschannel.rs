@@ -49,7 +49,7 @@ const MAX_DATA: usize = 32 * 1024;
 /// How long the runtime has to accept the streams.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the client has to answer our close with its own.
-pub(super) const CLOSE_LINGER: Duration = Duration::from_secs(5);
+const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
 /// The subprotocol to serve, if `headers` ask for a WebSocket upgrade
 /// offering one this module speaks; other upgrades (SPDY, older
@@ -386,6 +386,8 @@ where
         }
         let _ = tx.shutdown().await;
     };
+    // Driven beside the others; its end (the runtime stopped reading)
+    // leaves them to finish.
     let writer = async {
         writer.await;
         std::future::pending::<()>().await
@@ -396,7 +398,7 @@ where
     tokio::select! {
         _ = down => linger(up).await,
         _ = &mut up => {}
-        _ = writer => {}
+        () = writer => {}
     }
 }
 
