@@ -48,8 +48,6 @@ const CLOSE: u8 = 255;
 const MAX_DATA: usize = 32 * 1024;
 /// How long the runtime has to accept the streams.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the client has to answer our close with its own.
-const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
 /// The subprotocol to serve, if `headers` ask for a WebSocket upgrade
 /// offering one this module speaks; other upgrades (SPDY, older
@@ -396,19 +394,9 @@ where
     let up = up(ws_rx, ids, data_tx, window, v5);
     tokio::pin!(up);
     tokio::select! {
-        _ = down => linger(up).await,
+        _ = down => super::wstunnel::linger(up).await,
         _ = &mut up => {}
         () = writer => {}
-    }
-}
-
-/// After our close, read on until the client's (`up` returns on it).
-/// Closing the socket with the client's bytes unread would send a TCP
-/// reset, and a reset discards what we wrote and the client has not yet
-/// received: the end of the output, and the close itself.
-pub(super) async fn linger(up: impl std::future::Future<Output = ()>) {
-    if tokio::time::timeout(CLOSE_LINGER, up).await.is_err() {
-        tracing::debug!("the client did not answer the close in time");
     }
 }
 

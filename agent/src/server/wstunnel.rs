@@ -6,6 +6,8 @@
 //! through unchanged, unwrapped from (and wrapped into) messages, with no
 //! SPDY parsing (upstream's API server tunnels the same way).
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -23,6 +25,8 @@ use tokio_tungstenite::WebSocketStream;
 pub const PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
 /// The SPDY stream protocol inside it.
 const SPDY_PROTOCOL: &str = "portforward.k8s.io";
+/// How long a client has to answer our close with its own.
+const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
 /// Whether `headers` ask for a WebSocket upgrade offering [`PROTOCOL`].
 pub fn wanted(headers: &HeaderMap) -> bool {
@@ -176,6 +180,16 @@ async fn relay(ws: WebSocketStream<Upgraded>, runtime: Upgraded) {
     tokio::pin!(up);
     tokio::select! {
         _ = &mut up => {}
-        _ = down => super::wschannel::linger(up).await,
+        _ = down => linger(up).await,
+    }
+}
+
+/// After our close, read on until the client's (`up` returns on it).
+/// Closing the socket with the client's bytes unread would send a TCP
+/// reset, and a reset discards what we wrote and the client has not yet
+/// received: the end of the output, and the close itself.
+pub(super) async fn linger(up: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(CLOSE_LINGER, up).await.is_err() {
+        tracing::debug!("the client did not answer the close in time");
     }
 }
