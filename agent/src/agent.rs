@@ -17,12 +17,13 @@ use crate::node::{CriProbe, Facts, NodeAgent};
 use crate::pleg::{Health, Pleg};
 use crate::runtime::Runtime;
 use crate::server::{self, ServerState};
+use crate::shared::Shared;
 use crate::source::api::{self, ApiSource, MirrorPods};
 use crate::source::file::FileSource;
 use crate::source::PodUpdate;
 use crate::status::manager::StatusManager;
+use crate::status::StatusStore;
 use crate::volumes::objects::ObjectSource;
-use crate::worker::{Shared, StatusStore};
 
 /// How long a read configMap or secret is reused: only bursts of pod syncs
 /// share a read, so updates reach pods within the sync period.
@@ -141,7 +142,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let serve_dns = client.is_some() && config.serve_cluster_dns && config.cluster_dns.is_empty();
     let shared = Arc::new(Shared {
         crash_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
-        image_backoff: Mutex::new(Backoff::new(config.backoff_initial, config.backoff_max)),
+        images: crate::runtime::image::ImagePuller::new(Backoff::new(
+            config.backoff_initial,
+            config.backoff_max,
+        )),
         config: config.clone(),
         runtime: runtime.clone(),
         recorder,
@@ -187,14 +191,27 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
 
     let mut serving_cert = None;
-    if let Some(listener) = node_listener {
+    // A standalone agent (static pods, no API server) has no CA to
+    // authenticate callers with: it runs without its node server, as the
+    // kubelet's standalone mode does, instead of failing.
+    let node_listener = match (node_listener, server::tls::client_ca(&config)) {
+        (Some(_), Err(server::tls::Error::NoClientCa)) => {
+            tracing::warn!(
+                "node server off: no client CA (--client-ca-file or a --kubeconfig naming its CA); logs, exec and port-forward are not served"
+            );
+            None
+        }
+        (Some(l), ca) => Some((l, ca?)),
+        (None, _) => None,
+    };
+    if let Some((listener, client_ca)) = node_listener {
         let cert = server::tls::ReloadingCert::new(server::tls::serving_cert(
             &config,
             &facts.hostname,
             facts.internal_ip.as_slice(),
         )?)?;
         serving_cert = Some(cert.clone());
-        let tls = server::tls::server_config(cert, server::tls::client_ca(&config)?)?;
+        let tls = server::tls::server_config(cert, client_ca)?;
         let state = ServerState {
             shared: shared.clone(),
             health: health.clone(),
@@ -342,7 +359,7 @@ fn start_services<S, F>(
     S: Fn() -> F,
     F: Future<Output = ()> + Send + 'static,
 {
-    use crate::proxy::{self, Mode, ProxyConfig};
+    use skiff_proxy::{self as proxy, Mode, ProxyConfig};
     let (source, stores) = proxy::source::new(&config.node_name);
     tokio::spawn(source.run(client.clone(), stopped()));
     if config.proxy_mode != Mode::None {
@@ -353,6 +370,9 @@ fn start_services<S, F>(
             sync_period: config.proxy_sync_period,
             healthz_bind_address: config.proxy_healthz_bind_address,
             metrics_bind_address: config.proxy_metrics_bind_address,
+            // kube-proxy's /metrics serves its process's metrics: here the
+            // agent's whole registry, the proxy's own among them.
+            render_metrics: || crate::metrics::metrics().render(),
         };
         tokio::spawn(proxy::run(
             proxy_config,
@@ -362,16 +382,17 @@ fn start_services<S, F>(
         ));
     }
     if serve_dns {
-        let dns = crate::dns::DnsConfig {
+        let dns = skiff_dns::DnsConfig {
             domain: config.cluster_domain.clone(),
             resolv_conf: config.resolv_conf.clone(),
             ..Default::default()
         };
-        tokio::spawn(crate::dns::gateway::serve(
+        tokio::spawn(skiff_dns::gateway::serve(
             dns,
             stores.services,
             stores.slices,
             pod_cidr,
+            crate::network::gateway,
             stopped(),
         ));
     }

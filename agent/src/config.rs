@@ -1,17 +1,24 @@
-//! Agent configuration: a YAML file (`--config`) overlaid by flags.
+//! Agent configuration, in one layer as the kubelet's
+//! KubeletConfiguration with flags on top: every setting is declared once,
+//! in [`Settings`], which both the flags (clap) and the YAML file
+//! (`--config`, serde) decode into. Flags are layered over the file with
+//! [`Settings::or`] (flags win), and [`Settings::resolve`] fills in the
+//! defaults to give the [`Config`] the agent runs with.
 //!
-//! Field names follow the kubelet's KubeletConfiguration where one exists
-//! (`staticPodPath`, `containerRuntimeEndpoint`, ...), so an operator's
-//! muscle memory carries over.
+//! YAML keys follow the kubelet's KubeletConfiguration where one exists
+//! (`staticPodPath`, `containerRuntimeEndpoint`, ...), flags the kubelet's
+//! flag names, so an operator's muscle memory carries over. Values are
+//! checked as they are decoded, so a bad one names its flag or its key.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
-/// Errors loading the configuration file.
+/// Errors loading the configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file could not be read.
@@ -30,11 +37,333 @@ pub enum Error {
         #[source]
         source: serde_yaml::Error,
     },
+    /// `--node-name` names another node than the credentials do.
+    #[error("--node-name {given:?} does not match the kubeconfig's credentials, which are for node {credentials:?}")]
+    NodeName { given: String, credentials: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The effective configuration of a running agent.
+/// The default config directory.
+pub const DEFAULT_CONFIG_DIR: &str = "/etc/skiff/agent";
+/// containerd's CRI socket where Debian's package puts it.
+pub const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+/// Where the kubelet writes container logs.
+pub const DEFAULT_POD_LOG_DIR: &str = "/var/log/pods";
+/// The config file `install` writes there.
+pub const CONFIG_FILE: &str = "config.yaml";
+
+/// How a flag's value layers over the file's: a given flag replaces the
+/// file's value, except where a setting says otherwise ([`Labels`]).
+pub trait Layer {
+    fn or(self, under: Self) -> Self;
+}
+
+impl<T> Layer for Option<T> {
+    fn or(self, under: Self) -> Self {
+        Option::or(self, under)
+    }
+}
+
+/// Declares [`Settings`] and its [`Settings::or`] from one field list, so
+/// that adding a setting is adding one field.
+macro_rules! settings {
+    ($(#[$sm:meta])* pub struct Settings { $( $(#[$m:meta])* pub $field:ident: $ty:ty, )* }) => {
+        $(#[$sm])*
+        pub struct Settings { $( $(#[$m])* pub $field: $ty, )* }
+
+        impl Settings {
+            /// `self` layered over `under`: flags over the file.
+            pub fn or(self, under: Settings) -> Settings {
+                Settings { $( $field: Layer::or(self.$field, under.$field), )* }
+            }
+        }
+    };
+}
+
+settings! {
+    /// Every setting, each optional: what the flags and the YAML file say.
+    /// The doc comment of a field is its flag's help; YAML-only settings
+    /// have no flag (`arg(skip)`), flag-only ones no key (`serde(skip)`).
+    #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub struct Settings {
+        /// Where `join` and `install` put the kubeconfig and config file; used
+        /// when --kubeconfig / --config are not given.
+        #[arg(long)]
+        #[serde(skip)]
+        pub config_dir: Option<PathBuf>,
+        /// Renew the client certificate through CSRs before it expires (true).
+        #[arg(long)]
+        pub rotate_certificates: Option<bool>,
+        /// Obtain and renew the node server's certificate through CSRs.
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+        #[serde(rename = "serverTLSBootstrap")]
+        pub rotate_server_certificates: Option<bool>,
+        /// Graceful node shutdown: delay shutdown this long to stop pods, e.g. 30s.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub shutdown_grace_period: Option<Duration>,
+        /// The part of it kept for critical pods, which stop last, e.g. 10s.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub shutdown_grace_period_critical_pods: Option<Duration>,
+        /// CRI endpoint, e.g. unix:///run/containerd/containerd.sock.
+        #[arg(long)]
+        pub container_runtime_endpoint: Option<String>,
+        /// Directory for the agent's state.
+        #[arg(long)]
+        pub root_dir: Option<PathBuf>,
+        /// Directory of static pod manifests (YAML or JSON Pods).
+        #[arg(long)]
+        pub static_pod_path: Option<PathBuf>,
+        /// This node's name (default: the hostname).
+        #[arg(long, value_parser = lowercase)]
+        pub node_name: Option<String>,
+        /// Root of container logs (/var/log/pods).
+        #[arg(long)]
+        pub pod_log_dir: Option<PathBuf>,
+        /// Read-only status endpoint address, or "none".
+        #[arg(long)]
+        #[serde(default, deserialize_with = "from_str")]
+        pub status_address: Option<OptionalAddr>,
+        /// PLEG relist period, e.g. 1s.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub pleg_relist_period: Option<Duration>,
+        /// Timeout of every CRI call but image pulls, e.g. 2m.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub runtime_request_timeout: Option<Duration>,
+        /// Timeout of an image pull.
+        #[arg(skip)]
+        #[serde(default, deserialize_with = "duration")]
+        pub image_pull_timeout: Option<Duration>,
+        /// First CrashLoopBackOff / ImagePullBackOff delay, e.g. 10s.
+        #[arg(long = "crash-loop-back-off-initial", value_name = "CRASH_LOOP_BACK_OFF_INITIAL", value_parser = parse_duration)]
+        #[serde(rename = "crashLoopBackOffInitial", default, deserialize_with = "duration")]
+        pub backoff_initial: Option<Duration>,
+        /// Longest back-off delay, e.g. 5m.
+        #[arg(long = "crash-loop-back-off-max", value_name = "CRASH_LOOP_BACK_OFF_MAX", value_parser = parse_duration)]
+        #[serde(rename = "crashLoopBackOffMax", default, deserialize_with = "duration")]
+        pub backoff_max: Option<Duration>,
+        /// A container that ran this long without failing resets its back-off.
+        #[arg(skip)]
+        #[serde(rename = "crashLoopBackOffReset", default, deserialize_with = "duration")]
+        pub backoff_reset: Option<Duration>,
+        /// Cluster DNS server IPs for ClusterFirst pods.
+        #[arg(long, value_delimiter = ',')]
+        #[serde(rename = "clusterDNS")]
+        pub cluster_dns: Option<Vec<String>>,
+        /// Cluster domain (cluster.local).
+        #[arg(long)]
+        pub cluster_domain: Option<String>,
+        /// Most pods the node runs.
+        #[arg(skip)]
+        pub max_pods: Option<u32>,
+        /// How often every pod is re-synced without an event, e.g. 10s.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub sync_frequency: Option<Duration>,
+        /// Kubeconfig with this node's credentials (system:node:NAME) [default:
+        /// CONFIG_DIR/kubeconfig when it exists]; without one the agent runs
+        /// standalone.
+        #[arg(long)]
+        pub kubeconfig: Option<PathBuf>,
+        /// Register the Node object (true).
+        #[arg(long)]
+        pub register_node: Option<bool>,
+        /// Labels for the Node at registration: key=value,...
+        #[arg(long, default_value = "", hide_default_value = true)]
+        #[serde(default)]
+        pub node_labels: Labels,
+        /// How often node status is checked and posted on change, e.g. 10s.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub node_status_update_frequency: Option<Duration>,
+        /// Node status is posted at least this often, e.g. 5m.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub node_status_report_frequency: Option<Duration>,
+        /// Node Lease duration in seconds (40); renewed every quarter of it.
+        #[arg(long)]
+        pub node_lease_duration_seconds: Option<u32>,
+        /// This node's pod CIDR, when not assigned by the control plane.
+        #[arg(long)]
+        #[serde(rename = "podCIDR")]
+        pub pod_cidr: Option<String>,
+        /// Write the node's CNI configuration (bridge over the pod CIDR) here.
+        #[arg(long)]
+        pub cni_conf_dir: Option<PathBuf>,
+        /// Bridge name for that CNI configuration (skiff0).
+        #[arg(long)]
+        pub cni_bridge: Option<String>,
+        /// Address of the node server (HTTPS: logs, exec, port-forward,
+        /// metrics, stats), 0.0.0.0 by default.
+        #[arg(long)]
+        pub address: Option<IpAddr>,
+        /// Port of the node server (10250); 0 turns it off.
+        #[arg(long)]
+        pub port: Option<u16>,
+        /// Serving certificate of the node server (PEM); self-signed under
+        /// the root dir when unset.
+        #[arg(long)]
+        pub tls_cert_file: Option<PathBuf>,
+        /// Private key of --tls-cert-file (PEM).
+        #[arg(long)]
+        pub tls_private_key_file: Option<PathBuf>,
+        /// CA bundle that client certificates must chain to (defaults to the
+        /// kubeconfig's cluster CA).
+        #[arg(long)]
+        #[serde(rename = "clientCAFile")]
+        pub client_ca_file: Option<PathBuf>,
+        /// Rotate a container's log at this size, e.g. 10Mi (negative: never).
+        #[arg(long, allow_hyphen_values = true)]
+        #[serde(default, deserialize_with = "from_str")]
+        pub container_log_max_size: Option<LogMaxSize>,
+        /// Log files kept per container, the current one included (5).
+        #[arg(long)]
+        #[serde(default, deserialize_with = "log_max_files")]
+        pub container_log_max_files: Option<LogMaxFiles>,
+        /// How often container logs are checked for rotation, e.g. 10s.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub container_log_monitor_interval: Option<Duration>,
+        /// Service proxy: nftables (default), iptables or none.
+        #[arg(long)]
+        #[serde(default, deserialize_with = "from_str")]
+        pub proxy_mode: Option<skiff_proxy::Mode>,
+        /// Proxy changes closer together than this share one sync (100ms).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub proxy_min_sync_period: Option<Duration>,
+        /// How often the proxy rewrites all its rules (1h).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub proxy_sync_period: Option<Duration>,
+        /// The proxy's /healthz address (0.0.0.0:10256), or "none".
+        #[arg(long)]
+        #[serde(default, deserialize_with = "from_str")]
+        pub proxy_healthz_bind_address: Option<OptionalAddr>,
+        /// The proxy's /metrics address (127.0.0.1:10249), or "none".
+        #[arg(long)]
+        #[serde(default, deserialize_with = "from_str")]
+        pub proxy_metrics_bind_address: Option<OptionalAddr>,
+        /// Serve cluster DNS on the pod network's gateway when --cluster-dns
+        /// is not given (true).
+        #[arg(long)]
+        #[serde(rename = "serveClusterDNS")]
+        pub serve_cluster_dns: Option<bool>,
+        /// The node's resolv.conf, whose nameservers answer names outside the
+        /// cluster domain (/etc/resolv.conf).
+        #[arg(long)]
+        pub resolv_conf: Option<PathBuf>,
+        /// Route other nodes' pod CIDRs through their addresses (true; only
+        /// with --cni-conf-dir).
+        #[arg(long)]
+        pub pod_routes: Option<bool>,
+        /// The node's InternalIP (default: the address the default route uses).
+        #[arg(long)]
+        #[serde(rename = "nodeIP")]
+        pub node_ip: Option<IpAddr>,
+    }
+}
+
+impl Settings {
+    /// Read a YAML config file.
+    ///
+    /// # Errors
+    /// Unreadable file, bad YAML, unknown keys or a bad value.
+    pub fn from_file(path: &Path) -> Result<Settings> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// The configuration these settings give, defaults filled in: the one
+    /// place defaults are written.
+    pub fn resolve(self) -> Config {
+        let secs = Duration::from_secs;
+        let addr = |a: Option<OptionalAddr>, default: SocketAddr| a.map_or(Some(default), |a| a.0);
+        Config {
+            node_name: self.node_name.unwrap_or_else(default_node_name),
+            container_runtime_endpoint: self
+                .container_runtime_endpoint
+                .unwrap_or_else(|| DEFAULT_RUNTIME_ENDPOINT.into()),
+            root_dir: self
+                .root_dir
+                .unwrap_or_else(|| "/var/lib/skiff-agent".into()),
+            pod_log_dir: self
+                .pod_log_dir
+                .unwrap_or_else(|| DEFAULT_POD_LOG_DIR.into()),
+            static_pod_path: self.static_pod_path,
+            pleg_relist_period: self.pleg_relist_period.unwrap_or(secs(1)),
+            runtime_request_timeout: self.runtime_request_timeout.unwrap_or(secs(120)),
+            image_pull_timeout: self.image_pull_timeout.unwrap_or(secs(300)),
+            backoff_initial: self.backoff_initial.unwrap_or(secs(10)),
+            backoff_max: self.backoff_max.unwrap_or(secs(300)),
+            backoff_reset: self.backoff_reset.unwrap_or(secs(600)),
+            status_address: addr(self.status_address, ([127, 0, 0, 1], 10255).into()),
+            cluster_dns: self.cluster_dns.unwrap_or_default(),
+            cluster_domain: self
+                .cluster_domain
+                .unwrap_or_else(|| "cluster.local".into()),
+            max_pods: self.max_pods.unwrap_or(110),
+            sync_frequency: self.sync_frequency.unwrap_or(secs(10)),
+            kubeconfig: self.kubeconfig,
+            register_node: self.register_node.unwrap_or(true),
+            node_labels: self.node_labels.0,
+            node_status_update_frequency: self.node_status_update_frequency.unwrap_or(secs(10)),
+            node_status_report_frequency: self.node_status_report_frequency.unwrap_or(secs(300)),
+            node_lease_duration_seconds: self.node_lease_duration_seconds.unwrap_or(40),
+            pod_cidr: self.pod_cidr,
+            cni_conf_dir: self.cni_conf_dir,
+            cni_bridge: self.cni_bridge.unwrap_or_else(|| "skiff0".into()),
+            address: self.address.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            port: self.port.unwrap_or(10250),
+            tls_cert_file: self.tls_cert_file,
+            tls_private_key_file: self.tls_private_key_file,
+            client_ca_file: self.client_ca_file,
+            container_log_max_size: self.container_log_max_size.map_or(Some(10 << 20), |s| s.0),
+            container_log_max_files: self.container_log_max_files.map_or(5, |n| n.0),
+            container_log_monitor_interval: self.container_log_monitor_interval.unwrap_or(secs(10)),
+            proxy_mode: self.proxy_mode.unwrap_or(skiff_proxy::Mode::Nftables),
+            proxy_min_sync_period: self
+                .proxy_min_sync_period
+                .unwrap_or(Duration::from_millis(100)),
+            proxy_sync_period: self.proxy_sync_period.unwrap_or(secs(3600)),
+            proxy_healthz_bind_address: addr(
+                self.proxy_healthz_bind_address,
+                ([0, 0, 0, 0], 10256).into(),
+            ),
+            proxy_metrics_bind_address: addr(
+                self.proxy_metrics_bind_address,
+                ([127, 0, 0, 1], 10249).into(),
+            ),
+            serve_cluster_dns: self.serve_cluster_dns.unwrap_or(true),
+            resolv_conf: self
+                .resolv_conf
+                .unwrap_or_else(|| "/etc/resolv.conf".into()),
+            pod_routes: self.pod_routes.unwrap_or(true),
+            node_ip: self.node_ip,
+            config_dir: self.config_dir.unwrap_or_else(|| DEFAULT_CONFIG_DIR.into()),
+            rotate_certificates: self.rotate_certificates.unwrap_or(true),
+            rotate_server_certificates: self.rotate_server_certificates.unwrap_or(false),
+            shutdown_grace_period: self.shutdown_grace_period.unwrap_or_default(),
+            shutdown_grace_period_critical_pods: self
+                .shutdown_grace_period_critical_pods
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The effective configuration of a running agent (see [`Settings`] for
+/// what each setting means to an operator).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub node_name: String,
@@ -84,7 +413,7 @@ pub struct Config {
     /// The node server (logs, exec, attach, port-forward, metrics, stats;
     /// HTTPS with client certificates): its address and port. Port 0
     /// turns it off.
-    pub address: std::net::IpAddr,
+    pub address: IpAddr,
     pub port: u16,
     /// The serving certificate and key; when unset, a self-signed pair is
     /// generated once under `root_dir/pki` (as the kubelet does).
@@ -103,7 +432,7 @@ pub struct Config {
     /// (containerLogMonitorInterval, 10s).
     pub container_log_monitor_interval: Duration,
     /// The service proxy: nftables (default), iptables or none.
-    pub proxy_mode: crate::proxy::Mode,
+    pub proxy_mode: skiff_proxy::Mode,
     /// Changes closer together than this share one proxy sync.
     pub proxy_min_sync_period: Duration,
     /// How often the proxy rewrites everything, repairing tampering.
@@ -123,7 +452,7 @@ pub struct Config {
     pub pod_routes: bool,
     /// The node's InternalIP (the kubelet's `--node-ip`); by default the
     /// address of the interface the default route leaves by.
-    pub node_ip: Option<std::net::IpAddr>,
+    pub node_ip: Option<IpAddr>,
     /// Where `skiff-agent join` put the kubeconfig (and `install` the
     /// config file): used when `--kubeconfig` / `--config` are not given.
     pub config_dir: PathBuf,
@@ -141,232 +470,170 @@ pub struct Config {
     pub shutdown_grace_period_critical_pods: Duration,
 }
 
-/// The default config directory.
-pub const DEFAULT_CONFIG_DIR: &str = "/etc/skiff/agent";
-/// The config file `install` writes there.
-pub const CONFIG_FILE: &str = "config.yaml";
-
 impl Default for Config {
     fn default() -> Self {
-        Config {
-            node_name: default_node_name(),
-            container_runtime_endpoint: "unix:///run/containerd/containerd.sock".into(),
-            root_dir: "/var/lib/skiff-agent".into(),
-            pod_log_dir: "/var/log/pods".into(),
-            static_pod_path: None,
-            pleg_relist_period: Duration::from_secs(1),
-            runtime_request_timeout: Duration::from_secs(120),
-            image_pull_timeout: Duration::from_secs(300),
-            backoff_initial: Duration::from_secs(10),
-            backoff_max: Duration::from_secs(300),
-            backoff_reset: Duration::from_secs(600),
-            status_address: Some(SocketAddr::from(([127, 0, 0, 1], 10255))),
-            cluster_dns: Vec::new(),
-            cluster_domain: "cluster.local".into(),
-            max_pods: 110,
-            sync_frequency: Duration::from_secs(10),
-            kubeconfig: None,
-            register_node: true,
-            node_labels: BTreeMap::new(),
-            node_status_update_frequency: Duration::from_secs(10),
-            node_status_report_frequency: Duration::from_secs(300),
-            node_lease_duration_seconds: 40,
-            pod_cidr: None,
-            cni_conf_dir: None,
-            cni_bridge: "skiff0".into(),
-            address: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-            port: 10250,
-            tls_cert_file: None,
-            tls_private_key_file: None,
-            client_ca_file: None,
-            container_log_max_size: Some(10 << 20),
-            container_log_max_files: 5,
-            container_log_monitor_interval: Duration::from_secs(10),
-            proxy_mode: crate::proxy::Mode::Nftables,
-            proxy_min_sync_period: Duration::from_millis(100),
-            proxy_sync_period: Duration::from_secs(3600),
-            proxy_healthz_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 10256))),
-            proxy_metrics_bind_address: Some(SocketAddr::from(([127, 0, 0, 1], 10249))),
-            serve_cluster_dns: true,
-            resolv_conf: "/etc/resolv.conf".into(),
-            pod_routes: true,
-            node_ip: None,
-            config_dir: DEFAULT_CONFIG_DIR.into(),
-            rotate_certificates: true,
-            rotate_server_certificates: false,
-            shutdown_grace_period: Duration::ZERO,
-            shutdown_grace_period_critical_pods: Duration::ZERO,
-        }
+        Settings::default().resolve()
     }
 }
 
-/// The YAML file: every field optional, durations as `10s`, `5m`, `1h`, or
-/// plain seconds.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FileConfig {
-    pub node_name: Option<String>,
-    pub container_runtime_endpoint: Option<String>,
-    pub root_dir: Option<PathBuf>,
-    pub pod_log_dir: Option<PathBuf>,
-    pub static_pod_path: Option<PathBuf>,
-    pub pleg_relist_period: Option<DurationStr>,
-    pub runtime_request_timeout: Option<DurationStr>,
-    pub image_pull_timeout: Option<DurationStr>,
-    pub crash_loop_back_off_initial: Option<DurationStr>,
-    pub crash_loop_back_off_max: Option<DurationStr>,
-    pub crash_loop_back_off_reset: Option<DurationStr>,
-    pub status_address: Option<String>,
-    #[serde(rename = "clusterDNS")]
-    pub cluster_dns: Option<Vec<String>>,
-    pub cluster_domain: Option<String>,
-    pub max_pods: Option<u32>,
-    pub sync_frequency: Option<DurationStr>,
-    pub kubeconfig: Option<PathBuf>,
-    pub register_node: Option<bool>,
-    pub node_labels: Option<BTreeMap<String, String>>,
-    pub node_status_update_frequency: Option<DurationStr>,
-    pub node_status_report_frequency: Option<DurationStr>,
-    pub node_lease_duration_seconds: Option<u32>,
-    #[serde(rename = "podCIDR")]
-    pub pod_cidr: Option<String>,
-    pub cni_conf_dir: Option<PathBuf>,
-    pub cni_bridge: Option<String>,
-    pub address: Option<std::net::IpAddr>,
-    pub port: Option<u16>,
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_private_key_file: Option<PathBuf>,
-    /// KubeletConfiguration's `authentication.x509.clientCAFile`, flat.
-    #[serde(rename = "clientCAFile")]
-    pub client_ca_file: Option<PathBuf>,
-    pub container_log_max_size: Option<String>,
-    pub container_log_max_files: Option<u32>,
-    pub container_log_monitor_interval: Option<DurationStr>,
-    pub proxy_mode: Option<String>,
-    pub proxy_min_sync_period: Option<DurationStr>,
-    pub proxy_sync_period: Option<DurationStr>,
-    pub proxy_healthz_bind_address: Option<String>,
-    pub proxy_metrics_bind_address: Option<String>,
-    #[serde(rename = "serveClusterDNS")]
-    pub serve_cluster_dns: Option<bool>,
-    pub resolv_conf: Option<PathBuf>,
-    pub pod_routes: Option<bool>,
-    #[serde(rename = "nodeIP")]
-    pub node_ip: Option<std::net::IpAddr>,
-    pub rotate_certificates: Option<bool>,
-    #[serde(rename = "serverTLSBootstrap")]
-    pub server_tls_bootstrap: Option<bool>,
-    pub shutdown_grace_period: Option<DurationStr>,
-    pub shutdown_grace_period_critical_pods: Option<DurationStr>,
+impl Config {
+    /// The agent's configuration from its flags: the config file
+    /// (`config`, else `CONFIG_DIR/config.yaml` when it exists) under the
+    /// flags, defaults under both; then what the config directory holds
+    /// (the joined kubeconfig) and the node name its certificate is for.
+    ///
+    /// # Errors
+    /// The file cannot be read or has a bad value, or `--node-name` names
+    /// another node than the credentials.
+    pub fn load(flags: Settings, config: Option<&Path>) -> Result<Config> {
+        let dir = flags
+            .config_dir
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CONFIG_DIR.into());
+        let file = config.map(Path::to_path_buf).or_else(|| {
+            let p = dir.join(CONFIG_FILE);
+            p.exists().then_some(p)
+        });
+        let settings = match &file {
+            Some(path) => flags.or(Settings::from_file(path)?),
+            None => flags,
+        };
+        let node_name_given = settings.node_name.is_some();
+        let mut c = settings.resolve();
+        if c.kubeconfig.is_none() {
+            let joined = crate::certs::join::kubeconfig_path(&c.config_dir);
+            c.kubeconfig = joined.exists().then_some(joined);
+        }
+        // A node acts as the node its certificate names; a different
+        // --node-name would only get every write refused.
+        if let Some(node) = c
+            .kubeconfig
+            .as_deref()
+            .and_then(crate::certs::files::node_name_of)
+        {
+            if !node_name_given {
+                c.node_name = node;
+            } else if node != c.node_name {
+                return Err(Error::NodeName {
+                    given: c.node_name,
+                    credentials: node,
+                });
+            }
+        }
+        Ok(c)
+    }
 }
 
-impl FileConfig {
-    pub fn load(path: &Path) -> Result<FileConfig> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
-            path: path.to_owned(),
-            source,
-        })
-    }
+/// An address, or none: `""` or `none` disables the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionalAddr(pub Option<SocketAddr>);
 
-    /// Apply the file's values over the defaults.
-    pub fn apply(self, c: &mut Config) -> std::result::Result<(), String> {
-        macro_rules! set {
-            ($field:ident, $src:expr) => {
-                if let Some(v) = $src {
-                    c.$field = v;
-                }
-            };
+impl FromStr for OptionalAddr {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_optional_addr(s).map(OptionalAddr)
+    }
+}
+
+/// containerLogMaxSize in bytes; None (a negative size) never rotates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogMaxSize(pub Option<u64>);
+
+impl FromStr for LogMaxSize {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_log_max_size(s).map(LogMaxSize)
+    }
+}
+
+/// containerLogMaxFiles, checked to be at least 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogMaxFiles(pub u32);
+
+impl FromStr for LogMaxFiles {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let n: u32 = s
+            .parse()
+            .map_err(|e| format!("invalid container log max files {s:?}: {e}"))?;
+        check_log_max_files(n).map(LogMaxFiles)
+    }
+}
+
+/// The Node's extra labels. A flag's labels are added to the file's (and
+/// win for the same key) rather than replacing them all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Labels(pub BTreeMap<String, String>);
+
+impl FromStr for Labels {
+    type Err = String;
+    /// `key=value,...`; empty is none.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let mut out = BTreeMap::new();
+        for kv in s.split(',').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{kv:?} is not key=value"))?;
+            out.insert(k.to_string(), v.to_string());
         }
-        set!(node_name, self.node_name);
-        set!(container_runtime_endpoint, self.container_runtime_endpoint);
-        set!(root_dir, self.root_dir);
-        set!(pod_log_dir, self.pod_log_dir);
-        c.static_pod_path = self.static_pod_path.or(c.static_pod_path.take());
-        set!(pleg_relist_period, self.pleg_relist_period.map(|d| d.0));
-        set!(
-            runtime_request_timeout,
-            self.runtime_request_timeout.map(|d| d.0)
-        );
-        set!(image_pull_timeout, self.image_pull_timeout.map(|d| d.0));
-        set!(
-            backoff_initial,
-            self.crash_loop_back_off_initial.map(|d| d.0)
-        );
-        set!(backoff_max, self.crash_loop_back_off_max.map(|d| d.0));
-        set!(backoff_reset, self.crash_loop_back_off_reset.map(|d| d.0));
-        set!(cluster_dns, self.cluster_dns);
-        set!(cluster_domain, self.cluster_domain);
-        set!(max_pods, self.max_pods);
-        set!(sync_frequency, self.sync_frequency.map(|d| d.0));
-        c.kubeconfig = self.kubeconfig.or(c.kubeconfig.take());
-        set!(register_node, self.register_node);
-        set!(node_labels, self.node_labels);
-        set!(
-            node_status_update_frequency,
-            self.node_status_update_frequency.map(|d| d.0)
-        );
-        set!(
-            node_status_report_frequency,
-            self.node_status_report_frequency.map(|d| d.0)
-        );
-        set!(
-            node_lease_duration_seconds,
-            self.node_lease_duration_seconds
-        );
-        c.pod_cidr = self.pod_cidr.or(c.pod_cidr.take());
-        c.cni_conf_dir = self.cni_conf_dir.or(c.cni_conf_dir.take());
-        set!(cni_bridge, self.cni_bridge);
-        set!(address, self.address);
-        set!(port, self.port);
-        c.tls_cert_file = self.tls_cert_file.or(c.tls_cert_file.take());
-        c.tls_private_key_file = self.tls_private_key_file.or(c.tls_private_key_file.take());
-        c.client_ca_file = self.client_ca_file.or(c.client_ca_file.take());
-        if let Some(size) = self.container_log_max_size {
-            c.container_log_max_size = parse_log_max_size(&size)?;
-        }
-        if let Some(n) = self.container_log_max_files {
-            c.container_log_max_files = check_log_max_files(n)?;
-        }
-        set!(
-            container_log_monitor_interval,
-            self.container_log_monitor_interval.map(|d| d.0)
-        );
-        if let Some(addr) = self.status_address {
-            c.status_address = parse_optional_addr(&addr)?;
-        }
-        if let Some(mode) = self.proxy_mode {
-            c.proxy_mode = mode.parse().map_err(|e| format!("proxyMode: {e}"))?;
-        }
-        set!(
-            proxy_min_sync_period,
-            self.proxy_min_sync_period.map(|d| d.0)
-        );
-        set!(proxy_sync_period, self.proxy_sync_period.map(|d| d.0));
-        if let Some(addr) = self.proxy_healthz_bind_address {
-            c.proxy_healthz_bind_address = parse_optional_addr(&addr)?;
-        }
-        if let Some(addr) = self.proxy_metrics_bind_address {
-            c.proxy_metrics_bind_address = parse_optional_addr(&addr)?;
-        }
-        set!(serve_cluster_dns, self.serve_cluster_dns);
-        set!(resolv_conf, self.resolv_conf);
-        set!(pod_routes, self.pod_routes);
-        c.node_ip = self.node_ip.or(c.node_ip.take());
-        set!(rotate_certificates, self.rotate_certificates);
-        set!(rotate_server_certificates, self.server_tls_bootstrap);
-        set!(
-            shutdown_grace_period,
-            self.shutdown_grace_period.map(|d| d.0)
-        );
-        set!(
-            shutdown_grace_period_critical_pods,
-            self.shutdown_grace_period_critical_pods.map(|d| d.0)
-        );
-        Ok(())
+        Ok(Labels(out))
+    }
+}
+
+impl Layer for Labels {
+    fn or(self, under: Self) -> Self {
+        let mut all = under.0;
+        all.extend(self.0);
+        Labels(all)
+    }
+}
+
+/// `--node-name` as the kubelet takes it: lowercased.
+fn lowercase(s: &str) -> std::result::Result<String, std::convert::Infallible> {
+    Ok(s.to_lowercase())
+}
+
+/// A YAML string decoded with the type's `FromStr`.
+fn from_str<'de, D, T>(d: D) -> std::result::Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    match Option::<String>::deserialize(d)? {
+        Some(s) => s.parse().map(Some).map_err(serde::de::Error::custom),
+        None => Ok(None),
+    }
+}
+
+/// containerLogMaxFiles is a YAML number.
+fn log_max_files<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<LogMaxFiles>, D::Error> {
+    match Option::<u32>::deserialize(d)? {
+        Some(n) => check_log_max_files(n)
+            .map(|n| Some(LogMaxFiles(n)))
+            .map_err(serde::de::Error::custom),
+        None => Ok(None),
+    }
+}
+
+/// A duration written the Kubernetes way (`300ms`, `10s`, `5m`, `1h30m`),
+/// or plain seconds.
+fn duration<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Duration>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Secs(u64),
+        Text(String),
+    }
+    match Option::<Raw>::deserialize(d)? {
+        None => Ok(None),
+        Some(Raw::Secs(s)) => Ok(Some(Duration::from_secs(s))),
+        Some(Raw::Text(t)) => parse_duration(&t)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
     }
 }
 
@@ -415,27 +682,6 @@ pub fn parse_optional_addr(s: &str) -> std::result::Result<Option<SocketAddr>, S
     s.parse()
         .map(Some)
         .map_err(|e| format!("invalid address {s:?}: {e} (expected HOST:PORT, or none)"))
-}
-
-/// A duration written the Kubernetes way (`300ms`, `10s`, `5m`, `1h30m`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DurationStr(pub Duration);
-
-impl<'de> Deserialize<'de> for DurationStr {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Secs(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Secs(s) => Ok(DurationStr(Duration::from_secs(s))),
-            Raw::Text(t) => parse_duration(&t)
-                .map(DurationStr)
-                .map_err(serde::de::Error::custom),
-        }
-    }
 }
 
 /// Parse `1h2m3s`, `500ms`, `10s`; a bare number is seconds.
@@ -488,7 +734,24 @@ pub fn default_node_name() -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    fn file(yaml: &str) -> Settings {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn flags(args: &[&str]) -> Settings {
+        let argv = std::iter::once("skiff-agent").chain(args.iter().copied());
+        Flags::try_parse_from(argv).unwrap().settings
+    }
 
     #[test]
     fn durations() {
@@ -503,32 +766,30 @@ mod tests {
 
     #[test]
     fn file_overlays_defaults_and_rejects_unknown_fields() {
-        let f: FileConfig = serde_yaml::from_str(
-            "staticPodPath: /etc/pods\ncrashLoopBackOffInitial: 1s\nstatusAddress: none\n",
-        )
-        .unwrap();
-        let mut c = Config::default();
-        f.apply(&mut c).unwrap();
+        let c = file("staticPodPath: /etc/pods\ncrashLoopBackOffInitial: 1s\nstatusAddress: none\nsyncFrequency: 3\n")
+            .resolve();
         assert_eq!(c.static_pod_path.as_deref(), Some(Path::new("/etc/pods")));
         assert_eq!(c.backoff_initial, Duration::from_secs(1));
+        assert_eq!(c.sync_frequency, Duration::from_secs(3));
         assert_eq!(c.status_address, None);
-        assert!(serde_yaml::from_str::<FileConfig>("staticPodPth: x").is_err());
+        assert!(serde_yaml::from_str::<Settings>("staticPodPth: x").is_err());
+        // Flag-only settings are no keys.
+        assert!(serde_yaml::from_str::<Settings>("configDir: /x").is_err());
     }
 
     #[test]
     fn proxy_dns_and_network_settings() {
-        let f: FileConfig = serde_yaml::from_str(
-            "proxyMode: iptables\nproxyMinSyncPeriod: 1s\nproxyHealthzBindAddress: none\nproxyMetricsBindAddress: 0.0.0.0:9249\nserveClusterDNS: false\nresolvConf: /run/resolv.conf\npodRoutes: false\nnodeIP: 198.18.0.9\n",
-        )
-        .unwrap();
-        let mut c = Config::default();
-        assert_eq!(c.proxy_mode, crate::proxy::Mode::Nftables);
+        let c = Config::default();
+        assert_eq!(c.proxy_mode, skiff_proxy::Mode::Nftables);
         assert_eq!(
             c.proxy_healthz_bind_address,
             Some(SocketAddr::from(([0, 0, 0, 0], 10256)))
         );
-        f.apply(&mut c).unwrap();
-        assert_eq!(c.proxy_mode, crate::proxy::Mode::Iptables);
+        let c = file(
+            "proxyMode: iptables\nproxyMinSyncPeriod: 1s\nproxyHealthzBindAddress: none\nproxyMetricsBindAddress: 0.0.0.0:9249\nserveClusterDNS: false\nresolvConf: /run/resolv.conf\npodRoutes: false\nnodeIP: 198.18.0.9\n",
+        )
+        .resolve();
+        assert_eq!(c.proxy_mode, skiff_proxy::Mode::Iptables);
         assert_eq!(c.proxy_min_sync_period, Duration::from_secs(1));
         assert_eq!(c.proxy_healthz_bind_address, None);
         assert_eq!(
@@ -538,20 +799,20 @@ mod tests {
         assert!(!c.serve_cluster_dns && !c.pod_routes);
         assert_eq!(c.resolv_conf, Path::new("/run/resolv.conf"));
         assert_eq!(c.node_ip, Some("198.18.0.9".parse().unwrap()));
-        let bad: FileConfig = serde_yaml::from_str("proxyMode: ipvs").unwrap();
-        let err = bad.apply(&mut Config::default()).unwrap_err();
-        assert!(err.contains("nftables, iptables or none"), "{err}");
+        let err = serde_yaml::from_str::<Settings>("proxyMode: ipvs").unwrap_err();
+        assert!(
+            err.to_string().contains("nftables, iptables or none"),
+            "{err}"
+        );
     }
 
     #[test]
     fn container_log_rotation_settings() {
-        let f: FileConfig = serde_yaml::from_str(
+        assert_eq!(Config::default().container_log_max_size, Some(10 << 20));
+        let c = file(
             "containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 1s\n",
         )
-        .unwrap();
-        let mut c = Config::default();
-        assert_eq!(c.container_log_max_size, Some(10 << 20));
-        f.apply(&mut c).unwrap();
+        .resolve();
         assert_eq!(c.container_log_max_size, Some(4096));
         assert_eq!(c.container_log_max_files, 3);
         assert_eq!(c.container_log_monitor_interval, Duration::from_secs(1));
@@ -560,5 +821,126 @@ mod tests {
         assert_eq!(parse_log_max_size("-1"), Ok(None));
         assert!(parse_log_max_size("10MB").is_err());
         assert!(check_log_max_files(1).is_err());
+        assert!(serde_yaml::from_str::<Settings>("containerLogMaxFiles: 1").is_err());
+        let c = flags(&["--container-log-max-size", "-1"]).resolve();
+        assert_eq!(c.container_log_max_size, None);
+        let argv = ["skiff-agent", "--container-log-max-files", "1"];
+        assert!(Flags::try_parse_from(argv).is_err());
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let f = file("syncFrequency: 5s\nnodeName: FromFile\nclusterDomain: file.local\nnodeLabels:\n  a: file\n  b: file\nserverTLSBootstrap: true\n");
+        let c = flags(&[
+            "--sync-frequency",
+            "7s",
+            "--node-labels",
+            "b=flag,c=flag",
+            "--rotate-server-certificates=false",
+        ])
+        .or(f.clone())
+        .resolve();
+        assert_eq!(c.sync_frequency, Duration::from_secs(7));
+        // What no flag sets comes from the file, as written there.
+        assert_eq!(c.cluster_domain, "file.local");
+        assert_eq!(c.node_name, "FromFile");
+        assert!(!c.rotate_server_certificates);
+        // Labels from flags are added to the file's.
+        let labels: Vec<(&str, &str)> = c
+            .node_labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(labels, [("a", "file"), ("b", "flag"), ("c", "flag")]);
+        // --node-name is lowercased as the kubelet does.
+        let c = flags(&["--node-name", "Node-A"]).or(f).resolve();
+        assert_eq!(c.node_name, "node-a");
+        assert!(flags(&["--rotate-server-certificates"]).rotate_server_certificates == Some(true));
+    }
+
+    #[test]
+    fn every_flag_keeps_its_name() {
+        let s = flags(&[
+            "--config-dir=/c",
+            "--rotate-certificates=false",
+            "--rotate-server-certificates",
+            "--shutdown-grace-period=30s",
+            "--shutdown-grace-period-critical-pods=10s",
+            "--container-runtime-endpoint=unix:///x.sock",
+            "--root-dir=/r",
+            "--static-pod-path=/s",
+            "--node-name=n",
+            "--pod-log-dir=/l",
+            "--status-address=none",
+            "--pleg-relist-period=2s",
+            "--runtime-request-timeout=1m",
+            "--crash-loop-back-off-initial=1s",
+            "--crash-loop-back-off-max=2s",
+            "--cluster-dns=198.19.0.10,198.19.0.11",
+            "--cluster-domain=c.local",
+            "--sync-frequency=3s",
+            "--kubeconfig=/k",
+            "--register-node=false",
+            "--node-labels=a=b",
+            "--node-status-update-frequency=4s",
+            "--node-status-report-frequency=5m",
+            "--node-lease-duration-seconds=20",
+            "--pod-cidr=198.18.1.0/24",
+            "--cni-conf-dir=/cni",
+            "--cni-bridge=br9",
+            "--address=127.0.0.1",
+            "--port=0",
+            "--tls-cert-file=/t.crt",
+            "--tls-private-key-file=/t.key",
+            "--client-ca-file=/ca.crt",
+            "--container-log-max-size=1Mi",
+            "--container-log-max-files=3",
+            "--container-log-monitor-interval=2s",
+            "--proxy-mode=none",
+            "--proxy-min-sync-period=1s",
+            "--proxy-sync-period=2h",
+            "--proxy-healthz-bind-address=none",
+            "--proxy-metrics-bind-address=127.0.0.1:1",
+            "--serve-cluster-dns=false",
+            "--resolv-conf=/rc",
+            "--pod-routes=false",
+            "--node-ip=198.18.0.1",
+        ]);
+        let c = s.resolve();
+        assert_eq!(c.config_dir, Path::new("/c"));
+        assert_eq!(c.cluster_dns, ["198.19.0.10", "198.19.0.11"]);
+        assert_eq!(c.backoff_max, Duration::from_secs(2));
+        assert_eq!(c.node_lease_duration_seconds, 20);
+        assert_eq!(c.proxy_mode, skiff_proxy::Mode::None);
+        assert_eq!(c.proxy_sync_period, Duration::from_secs(7200));
+        assert_eq!(
+            c.shutdown_grace_period_critical_pods,
+            Duration::from_secs(10)
+        );
+        assert!(c.rotate_server_certificates && !c.rotate_certificates);
+        assert_eq!(c.port, 0);
+        // YAML-only settings have no flag.
+        let argv = ["skiff-agent", "--max-pods=3"];
+        assert!(Flags::try_parse_from(argv).is_err());
+    }
+
+    #[test]
+    fn a_given_flag_taken_twice_keeps_the_last() {
+        #[derive(Parser)]
+        #[command(args_override_self = true)]
+        struct Cli {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        let argv = [
+            "a",
+            "--node-labels=a=1",
+            "--node-labels=b=2",
+            "--port=1",
+            "--port=2",
+        ];
+        let s = Cli::try_parse_from(argv).unwrap().settings;
+        assert_eq!(s.port, Some(2));
+        assert_eq!(s.node_labels.0.len(), 1);
     }
 }

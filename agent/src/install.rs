@@ -20,7 +20,7 @@ pub use skiff_daemon::install::UninstallOptions;
 use skiff_daemon::install::{self as unit, Systemctl, Unit};
 
 use crate::certs::join::{self, JoinOptions};
-use crate::config::{Config, FileConfig, CONFIG_FILE, DEFAULT_CONFIG_DIR};
+use crate::config::{Settings, CONFIG_FILE, DEFAULT_CONFIG_DIR};
 
 /// The agent's unit name.
 pub const UNIT: &str = "skiff-agent.service";
@@ -44,8 +44,6 @@ pub enum Error {
     },
     #[error("unmounting under {path}: {why}")]
     Unmount { path: PathBuf, why: String },
-    #[error("config file {path}: {why}")]
-    BadConfig { path: PathBuf, why: String },
     #[error("removing the node's network rules and routes: {0:#}")]
     Network(anyhow::Error),
 }
@@ -90,7 +88,7 @@ pub async fn install(o: &InstallOptions, systemctl: &dyn Systemctl) -> Result<Pa
         &dir.join(CONFIG_FILE),
         o.config_from.as_deref(),
         &default_config(Some(&o.join.node_name)),
-        |p| FileConfig::load(p).map(drop).map_err(|e| e.to_string()),
+        |p| Settings::from_file(p).map(drop).map_err(|e| e.to_string()),
     )?;
     match join::join(&o.join).await {
         Ok(j) => tracing::info!(node = %j.node_name, "joined"),
@@ -119,23 +117,19 @@ pub async fn uninstall(o: &UninstallOptions, systemctl: &dyn Systemctl) -> Resul
     if !o.purge {
         return Ok(());
     }
-    let mut config = Config {
-        config_dir: o.config_dir.clone(),
-        ..Config::default()
+    let mut settings = Settings {
+        config_dir: Some(o.config_dir.clone()),
+        ..Settings::default()
     };
     let file = o.config_dir.join(CONFIG_FILE);
     if file.exists() {
-        FileConfig::load(&file)?
-            .apply(&mut config)
-            .map_err(|why| Error::BadConfig {
-                path: file.clone(),
-                why,
-            })?;
+        settings = settings.or(Settings::from_file(&file)?);
     }
-    purge_pods(&config).await?;
+    let config = settings.resolve();
+    remove_pods(&config.container_runtime_endpoint, &config.pod_log_dir).await?;
     // The proxy's rules and the pod routes outlive the agent by design (a
     // restart must not cut connections); a node leaving drops them.
-    crate::proxy::cleanup(&[crate::proxy::Mode::Nftables, crate::proxy::Mode::Iptables])
+    skiff_proxy::cleanup(&[skiff_proxy::Mode::Nftables, skiff_proxy::Mode::Iptables])
         .await
         .map_err(|e| Error::Network(e.into()))?;
     crate::network::cleanup().await.map_err(Error::Network)?;
@@ -149,9 +143,14 @@ pub async fn uninstall(o: &UninstallOptions, systemctl: &dyn Systemctl) -> Resul
 }
 
 /// Stop and remove every pod this agent created, and their log
-/// directories. A runtime that is not there has nothing to purge.
-async fn purge_pods(config: &Config) -> Result<(), Error> {
-    let endpoint = config.container_runtime_endpoint.clone();
+/// directories: `uninstall --purge`, and `skiff-agent remove-pods` after the
+/// agent has stopped (a sandbox left behind keeps its network namespace).
+/// A runtime that is not there has nothing to remove.
+///
+/// # Errors
+/// The runtime answered a stop or remove with an error.
+pub async fn remove_pods(endpoint: &str, pod_log_dir: &std::path::Path) -> Result<(), Error> {
+    let endpoint = endpoint.to_string();
     let rt_err = |source| Error::Runtime {
         endpoint: endpoint.clone(),
         source,
@@ -181,7 +180,7 @@ async fn purge_pods(config: &Config) -> Result<(), Error> {
             .teardown_pod(&pod, Some(PURGE_GRACE_SECONDS))
             .await
             .map_err(rt_err)?;
-        crate::worker::remove_log_dirs_of(&config.pod_log_dir, &uid);
+        crate::worker::remove_log_dirs_of(pod_log_dir, &uid);
         tracing::info!(uid, "purged pod");
     }
     Ok(())

@@ -2,14 +2,21 @@
 //! its sources want through containerd's CRI and reports their status.
 //!
 //! # Layout
-//! - [`config`]: flags and the YAML config file.
+//! - [`config`]: every setting once ([`config::Settings`]): flags and the
+//!   YAML config file decode into it, flags win, defaults fill the rest.
 //! - [`source`]: where desired pods come from (the static pod directory).
 //! - [`manager`]: desired pods -> one worker per pod; orphans torn down.
 //! - [`worker`]: the per-pod sync loop: observe, plan, act, report.
+//! - [`shared`]: what every pod worker shares (config, runtime, recorder,
+//!   statuses, back-offs, prober, volumes).
 //! - [`plan`]: the pure decision of a sync (the kubelet's computePodActions).
-//! - [`runtime`]: CRI configs, observation and compound CRI operations.
+//! - [`runtime`]: the only code that writes through CRI: configs,
+//!   observation, starting sandboxes and containers ([`runtime::start`]),
+//!   image pulls and their back-off ([`runtime::image`]), stops and
+//!   teardown.
 //! - [`pleg`]: relisting (and CRI events) to wake workers; runtime health.
-//! - [`status`]: PodStatus as the kubelet computes it.
+//! - [`status`]: PodStatus as the kubelet computes it; the status store
+//!   and the manager that writes it to the API.
 //! - [`prober`]: liveness, readiness and startup probes.
 //! - [`lifecycle`]: postStart and preStop hooks.
 //! - [`volumes`]: the pod's volumes, set up before its containers, torn
@@ -18,10 +25,6 @@
 //! - [`node`]: the Node object: facts, registration, status, Lease.
 //! - [`network`]: the pod network: the CNI configuration for the node's
 //!   pod CIDR, and routes to the other nodes' pod CIDRs.
-//! - [`proxy`]: the service proxy (kube-proxy's role), nftables or
-//!   iptables.
-//! - [`dns`]: the cluster DNS server (cluster domain from the Service and
-//!   EndpointSlice stores, other names forwarded upstream).
 //! - [`logs`]: container log files: reading them, rotating them.
 //! - [`server`]: the read-only status endpoint and the node server (10250).
 //! - [`metrics`]: the process's Prometheus registry.
@@ -30,6 +33,16 @@
 //! - [`install`]: `install` / `uninstall` as a systemd service.
 //! - [`shutdown`]: graceful node shutdown (logind inhibitor lock).
 //! - [`agent`]: wiring it all together.
+//!
+//! The service proxy (kube-proxy's role) and the cluster DNS server are
+//! crates of their own beside this one, `skiff-proxy` (`agent/proxy/`) and
+//! `skiff-dns` (`agent/dns/`): they alone pull in their dependencies
+//! (hickory for DNS), and [`agent`] runs both in-process with the
+//! `--proxy-*`, `--serve-cluster-dns` and `--resolv-conf` settings.
+//!
+//! No two modules import each other, directly or round a cycle:
+//! `tests/import_cycles.rs` reads the module graph from the sources and
+//! fails on one.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -37,7 +50,6 @@ pub mod apiclient;
 pub mod backoff;
 pub mod certs;
 pub mod config;
-pub mod dns;
 pub mod events;
 pub mod install;
 pub mod lifecycle;
@@ -51,9 +63,9 @@ pub mod plan;
 pub mod pleg;
 pub mod pod;
 pub mod prober;
-pub mod proxy;
 pub mod runtime;
 pub mod server;
+pub mod shared;
 pub mod shutdown;
 pub mod source;
 pub mod status;

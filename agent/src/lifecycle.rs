@@ -15,8 +15,8 @@ use crate::events::{NORMAL, WARNING};
 use crate::pod::PodExt;
 use crate::prober::http;
 use crate::runtime::state::{ContainerInfo, PodRuntime, State};
+use crate::shared::Shared;
 use crate::status::WaitReason;
-use crate::worker::Shared;
 
 /// Run postStart for the just started container `id` of `c`. On failure
 /// the container has been killed, and the returned reason is what it

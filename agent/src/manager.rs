@@ -16,8 +16,9 @@ use tokio::task::JoinHandle;
 
 use crate::pleg::Relist;
 use crate::pod::PodExt;
+use crate::shared::Shared;
 use crate::source::PodUpdate;
-use crate::worker::{self, Msg, Shared};
+use crate::worker::{self, Msg};
 
 struct Handle {
     tx: mpsc::UnboundedSender<Msg>,
@@ -113,7 +114,7 @@ impl Manager {
                 _ = housekeeping.tick() => {
                     let now = Instant::now();
                     self.shared.crash_backoff.lock().unwrap_or_else(|e| e.into_inner()).gc(now);
-                    self.shared.image_backoff.lock().unwrap_or_else(|e| e.into_inner()).gc(now);
+                    self.shared.images.gc(now);
                     self.sweep_volumes();
                 }
                 _ = &mut shutdown => break,

@@ -1,15 +1,14 @@
 //! The agent's Prometheus metrics, one registry for the process. Modules
 //! observe into [`metrics()`]; the node server renders it on `/metrics`.
 //! Names follow the kubelet's where one exists, so dashboards carry over.
+//! The service proxy's metrics (skiff-proxy) are registered here too.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -43,29 +42,6 @@ pub struct Metrics {
     pub cri_duration: Histograms<OperationLabels>,
     /// `kubelet_runtime_operations_errors_total`, by CRI method.
     pub cri_errors: Family<OperationLabels, Counter>,
-    pub proxy: ProxyMetrics,
-}
-
-/// The service proxy's, with kube-proxy's names.
-pub struct ProxyMetrics {
-    /// `kubeproxy_sync_proxy_rules_duration_seconds`: every sync.
-    pub sync: Histogram,
-    /// `kubeproxy_sync_full_proxy_rules_duration_seconds`.
-    pub full: Histogram,
-    /// `kubeproxy_sync_partial_proxy_rules_duration_seconds`.
-    pub partial: Histogram,
-    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
-    pub last_sync: Gauge<f64, AtomicU64>,
-    /// `skiff_proxy_rules_programmed`: map elements plus chains (nftables)
-    /// or chains (iptables) in the kernel.
-    pub programmed: Gauge,
-    /// `skiff_proxy_sync_failures_total`.
-    pub failures: Counter,
-    /// `kubeproxy_sync_proxy_rules_service_changes_total` and
-    /// `..._endpoint_changes_total`.
-    pub service_changes: Counter,
-    pub endpoint_changes: Counter,
-    seen_changes: (AtomicU64, AtomicU64),
 }
 
 fn latency() -> Histogram {
@@ -123,64 +99,9 @@ impl Metrics {
             "CRI operations that failed, by method",
             cri_errors.clone(),
         );
-        let proxy = ProxyMetrics {
-            sync: latency(),
-            full: latency(),
-            partial: latency(),
-            last_sync: Gauge::default(),
-            programmed: Gauge::default(),
-            failures: Counter::default(),
-            service_changes: Counter::default(),
-            endpoint_changes: Counter::default(),
-            seen_changes: Default::default(),
-        };
-        let p = &proxy;
-        for (name, help, h) in [
-            (
-                "kubeproxy_sync_proxy_rules_duration_seconds",
-                "Seconds a proxy rule sync took",
-                &p.sync,
-            ),
-            (
-                "kubeproxy_sync_full_proxy_rules_duration_seconds",
-                "Seconds a full proxy rule sync took",
-                &p.full,
-            ),
-            (
-                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-                "Seconds a partial proxy rule sync took",
-                &p.partial,
-            ),
-        ] {
-            registry.register(name, help, h.clone());
-        }
-        registry.register(
-            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-            "When proxy rules were last synced (Unix seconds)",
-            p.last_sync.clone(),
-        );
-        registry.register(
-            "skiff_proxy_rules_programmed",
-            "Proxy map elements and chains in the kernel",
-            p.programmed.clone(),
-        );
-        registry.register(
-            "skiff_proxy_sync_failures",
-            "Proxy rule syncs that failed",
-            p.failures.clone(),
-        );
-        registry.register(
-            "kubeproxy_sync_proxy_rules_service_changes",
-            "Service changes the proxy has seen",
-            p.service_changes.clone(),
-        );
-        registry.register(
-            "kubeproxy_sync_proxy_rules_endpoint_changes",
-            "EndpointSlice changes the proxy has seen",
-            p.endpoint_changes.clone(),
-        );
+        // The proxy's own metrics, shared with its /metrics endpoint.
+        skiff_proxy::metrics::metrics().register(&mut registry);
         Metrics {
-            proxy,
             registry,
             pod_start,
             pleg_relist,
@@ -214,32 +135,6 @@ impl Metrics {
         if failed {
             self.cri_errors.get_or_create(&labels).inc();
         }
-    }
-
-    /// Record a successful proxy sync.
-    pub fn proxy_sync(&self, full: bool, took: Duration, programmed: usize) {
-        let p = &self.proxy;
-        p.sync.observe(took.as_secs_f64());
-        if full { &p.full } else { &p.partial }.observe(took.as_secs_f64());
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        p.last_sync.set(now.as_secs_f64());
-        p.programmed
-            .set(i64::try_from(programmed).unwrap_or(i64::MAX));
-    }
-
-    pub fn proxy_sync_error(&self) {
-        self.proxy.failures.inc();
-    }
-
-    /// The proxy state's running totals of service and endpoint changes.
-    pub fn proxy_changes(&self, services: u64, endpoints: u64) {
-        let p = &self.proxy;
-        let s = p.seen_changes.0.swap(services, Ordering::Relaxed);
-        let e = p.seen_changes.1.swap(endpoints, Ordering::Relaxed);
-        p.service_changes.inc_by(services.saturating_sub(s));
-        p.endpoint_changes.inc_by(endpoints.saturating_sub(e));
     }
 
     /// The Prometheus text exposition of every metric.

@@ -34,6 +34,13 @@ pub trait PodExt {
     fn grace_period_seconds(&self) -> i64;
     fn containers(&self) -> &[Container];
     fn init_containers(&self) -> &[Container];
+    /// The container (or init container) named `name`.
+    fn container(&self, name: &str) -> Option<&Container> {
+        self.containers()
+            .iter()
+            .chain(self.init_containers())
+            .find(|c| c.name == name)
+    }
     /// The API server has set a deletionTimestamp: stop it, then let the
     /// API delete it.
     fn is_being_deleted(&self) -> bool;
@@ -109,6 +116,6 @@ impl PodExt for Pod {
             .annotations
             .as_ref()
             .and_then(|a| a.get(crate::source::CONFIG_SOURCE_ANNOTATION))
-            .is_some_and(|s| s != crate::source::api::SOURCE)
+            .is_some_and(|s| s != crate::source::API_SOURCE)
     }
 }

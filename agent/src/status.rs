@@ -481,6 +481,9 @@ pub fn display_status(pod: &Pod, status: &PodStatus) -> String {
 }
 
 pub mod manager;
+pub mod store;
+
+pub use store::StatusStore;
 
 #[cfg(test)]
 mod tests;

@@ -7,138 +7,22 @@
 //! idempotent and can be interrupted at any line, because the next sync
 //! starts again from what the runtime reports.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cri_proto::v1;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::mpsc;
 
-use crate::backoff::Backoff;
-use crate::config::Config;
-use crate::events::{Recorder, NORMAL, WARNING};
-use crate::plan::{self, Plan, Start};
+use crate::events::{NORMAL, WARNING};
+use crate::plan::{self, Plan};
 use crate::pod::PodExt;
-use crate::runtime::container::{container_config, ContainerContext};
-use crate::runtime::sandbox::{pod_log_dir, sandbox_config, SandboxContext};
+use crate::runtime::sandbox::pod_log_dir;
+use crate::runtime::start::{self, StartCtx, StartError};
 use crate::runtime::state::PodRuntime;
-use crate::runtime::Runtime;
+use crate::shared::Shared;
 use crate::status::{self, WaitReason};
-
-/// What the whole node's workers share.
-pub struct Shared {
-    pub config: Config,
-    /// Shared with the PLEG, which prunes its caches on every relist.
-    pub runtime: Arc<Runtime>,
-    pub recorder: Box<dyn Recorder>,
-    pub statuses: Arc<StatusStore>,
-    /// CrashLoopBackOff delays, keyed `uid/container`.
-    pub crash_backoff: Mutex<Backoff>,
-    /// ImagePullBackOff delays, keyed `uid/image/<image>`.
-    pub image_backoff: Mutex<Backoff>,
-    pub host_ip: String,
-    /// Liveness / readiness / startup probe workers and their results.
-    pub prober: crate::prober::Prober,
-    /// The pods' volumes, and the API objects they and env project.
-    pub volumes: crate::volumes::VolumeManager,
-    /// Set when the agent serves the cluster DNS itself, on the pod
-    /// network's gateway: the node's pod CIDR (sender: the node agent).
-    pub served_dns: Option<tokio::sync::watch::Receiver<Option<String>>>,
-}
-
-impl Shared {
-    /// The nameservers of ClusterFirst pods: `--cluster-dns`, else the
-    /// agent's own DNS server on the pod CIDR's gateway (known before any
-    /// pod can have a network: the CNI configuration needs the CIDR too).
-    pub fn cluster_dns(&self) -> Vec<String> {
-        if !self.config.cluster_dns.is_empty() {
-            return self.config.cluster_dns.clone();
-        }
-        let Some(cidr) = &self.served_dns else {
-            return Vec::new();
-        };
-        let cidr = cidr.borrow().clone();
-        cidr.as_deref()
-            .and_then(crate::network::gateway)
-            .map(|ip| vec![ip.to_string()])
-            .unwrap_or_default()
-    }
-}
-
-/// The latest pod and status of every pod the agent runs; read by the
-/// status endpoint, and by the status manager, which it wakes on changes.
-#[derive(Default)]
-pub struct StatusStore {
-    inner: std::sync::RwLock<HashMap<String, (Pod, PodStatus)>>,
-    /// Pods whose status changed since the status manager last looked.
-    dirty: Mutex<HashSet<String>>,
-    changed: tokio::sync::Notify,
-}
-
-impl StatusStore {
-    pub fn set(&self, pod: &Pod, status: PodStatus) {
-        let uid = pod.uid().to_string();
-        let mut m = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        let same = m.get(&uid).is_some_and(|(_, s)| *s == status);
-        m.insert(uid.clone(), (pod.clone(), status));
-        drop(m);
-        if !same {
-            self.mark_dirty(uid);
-        }
-    }
-    pub fn remove(&self, uid: &str) {
-        self.inner
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uid);
-    }
-    pub fn get(&self, uid: &str) -> Option<(Pod, PodStatus)> {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(uid)
-            .cloned()
-    }
-    /// Every pod with its status, sorted by namespace and name.
-    pub fn list(&self) -> Vec<Pod> {
-        let m = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        let mut pods: Vec<Pod> = m
-            .values()
-            .map(|(p, s)| {
-                let mut p = p.clone();
-                p.status = Some(s.clone());
-                p
-            })
-            .collect();
-        pods.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
-        pods
-    }
-    /// Ask the status manager to look at `uid` again.
-    pub fn mark_dirty(&self, uid: String) {
-        self.dirty
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(uid);
-        self.changed.notify_one();
-    }
-    /// Wait until some status changed, then take the changed pods' uids.
-    pub async fn take_dirty(&self) -> HashSet<String> {
-        loop {
-            let taken = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
-            if !taken.is_empty() {
-                return taken;
-            }
-            self.changed.notified().await;
-        }
-    }
-    /// Every pod's uid.
-    pub fn uids(&self) -> Vec<String> {
-        let m = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        m.keys().cloned().collect()
-    }
-}
 
 /// Messages to a worker. Senders: the pod manager. The worker exits when
 /// the channel closes (agent shutdown: containers keep running).
@@ -293,7 +177,7 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
         plan.create_sandbox = None;
         let r = plan
             .requeue_after
-            .map_or(VOLUME_RETRY, |r| r.min(VOLUME_RETRY));
+            .map_or(crate::volumes::RETRY, |r| r.min(crate::volumes::RETRY));
         plan.requeue_after = Some(r);
     }
     st.waiting = plan
@@ -308,7 +192,7 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
         })
         .collect();
     for w in &plan.waiting {
-        let spec = find_container(pod, &w.name);
+        let spec = pod.container(&w.name);
         let known = st
             .previous
             .as_ref()
@@ -401,13 +285,6 @@ fn observe_pod_start(st: &mut PodState, status: &PodStatus) {
     }
 }
 
-fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    pod.containers()
-        .iter()
-        .chain(pod.init_containers())
-        .find(|c| c.name == name)
-}
-
 /// Carry out a plan. Returns a requeue delay when an image back-off is
 /// pending. Errors from starting a container are recorded as its waiting
 /// reason, not returned: the other containers still start.
@@ -456,7 +333,7 @@ async fn act(
         .filter(|s| s.ready)
         .map(|s| (s.id.clone(), s.ips.first().cloned()));
     if let Some(attempt) = plan.create_sandbox {
-        match create_sandbox(shared, pod, attempt).await {
+        match start::create_sandbox(shared, pod, attempt).await {
             Ok(s) => sandbox = Some(s),
             Err(e) => {
                 let msg = format!("Failed to create pod sandbox: {e}");
@@ -469,19 +346,14 @@ async fn act(
     }
     let mut requeue = None;
     if let Some((sandbox_id, ip)) = &sandbox {
-        let dns = shared.cluster_dns();
-        let sandbox_cfg = sandbox_config(
-            pod,
-            plan.create_sandbox.unwrap_or(0),
-            &sandbox_ctx(&shared.config, &dns),
-        );
+        let sandbox_cfg = start::sandbox_config_for(shared, pod, plan.create_sandbox.unwrap_or(0));
         for start in &plan.start {
             let ctx = StartCtx {
                 sandbox_id,
                 sandbox_cfg: &sandbox_cfg,
                 pod_ip: ip.as_deref().unwrap_or(""),
             };
-            match start_container(shared, pod, start, &ctx).await {
+            match start::start_container(shared, pod, start, &ctx).await {
                 Ok(()) => {
                     st.waiting.remove(&start.name);
                 }
@@ -507,325 +379,6 @@ async fn act(
         }
     }
     Ok(requeue)
-}
-
-async fn create_sandbox(
-    shared: &Shared,
-    pod: &Pod,
-    attempt: u32,
-) -> Result<(String, Option<String>), cri_proto::Error> {
-    let dns = shared.cluster_dns();
-    let cfg = sandbox_config(pod, attempt, &sandbox_ctx(&shared.config, &dns));
-    if let Err(e) = std::fs::create_dir_all(&cfg.log_directory) {
-        tracing::warn!(pod = %pod.key(), "cannot create log directory {}: {e}", cfg.log_directory);
-    }
-    let handler = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.runtime_class_name.clone())
-        .unwrap_or_default();
-    let id = shared
-        .runtime
-        .cri
-        .run_pod_sandbox(v1::RunPodSandboxRequest {
-            config: Some(cfg),
-            runtime_handler: handler,
-        })
-        .await?
-        .pod_sandbox_id;
-    let status = shared
-        .runtime
-        .cri
-        .pod_sandbox_status(v1::PodSandboxStatusRequest {
-            pod_sandbox_id: id.clone(),
-            verbose: false,
-        })
-        .await?;
-    let ip = status
-        .status
-        .as_ref()
-        .and_then(|s| crate::runtime::state::sandbox_ips(s).into_iter().next());
-    tracing::info!(pod = %pod.key(), sandbox = %id, ip = ip.as_deref().unwrap_or(""), "sandbox started");
-    Ok((id, ip))
-}
-
-fn sandbox_ctx<'a>(c: &'a Config, cluster_dns: &'a [String]) -> SandboxContext<'a> {
-    SandboxContext {
-        pod_log_dir: &c.pod_log_dir,
-        cluster_dns,
-        cluster_domain: &c.cluster_domain,
-    }
-}
-
-struct StartCtx<'a> {
-    sandbox_id: &'a str,
-    sandbox_cfg: &'a v1::PodSandboxConfig,
-    pod_ip: &'a str,
-}
-
-enum StartError {
-    /// The container waits with this reason; sync again after the delay.
-    Wait(WaitReason, Option<Duration>),
-    /// The runtime itself failed: the whole sync retries.
-    Runtime(cri_proto::Error),
-}
-
-fn wait(reason: &str, message: String) -> StartError {
-    StartError::Wait(
-        WaitReason {
-            reason: reason.into(),
-            message,
-        },
-        None,
-    )
-}
-
-async fn start_container(
-    shared: &Shared,
-    pod: &Pod,
-    start: &Start,
-    ctx: &StartCtx<'_>,
-) -> Result<(), StartError> {
-    let cri = &shared.runtime.cri;
-    let Some(spec) = find_container(pod, &start.name) else {
-        return Ok(());
-    };
-    let id = match &start.existing {
-        Some(id) => id.clone(),
-        None => {
-            ensure_image(shared, pod, spec, ctx.sandbox_cfg).await?;
-            let objects = env_objects(shared, pod, spec).await;
-            let volumes = shared.volumes.paths(pod);
-            let container_dir = shared
-                .config
-                .root_dir
-                .join("pods")
-                .join(pod.uid())
-                .join("containers")
-                .join(&spec.name);
-            let cctx = ContainerContext {
-                node_name: &shared.config.node_name,
-                pod_ip: ctx.pod_ip,
-                host_ip: &shared.host_ip,
-                container_dir: &container_dir,
-                objects: objects.as_ref(),
-                volumes: &volumes,
-            };
-            let cfg = match container_config(pod, spec, start.restart_count, &cctx) {
-                Ok(c) => c,
-                Err(e) => {
-                    let msg = e.to_string();
-                    shared
-                        .recorder
-                        .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
-                    // Retried soon: the missing configMap or secret may
-                    // appear at any moment (without an API connection it
-                    // cannot: then at the sync period).
-                    let w = WaitReason {
-                        reason: "CreateContainerConfigError".into(),
-                        message: msg,
-                    };
-                    let retry = shared.volumes.objects().map(|_| VOLUME_RETRY);
-                    return Err(StartError::Wait(w, retry));
-                }
-            };
-            let log_dir = pod_log_dir(&shared.config.pod_log_dir, pod).join(&spec.name);
-            let _ = std::fs::create_dir_all(&log_dir);
-            let req = v1::CreateContainerRequest {
-                pod_sandbox_id: ctx.sandbox_id.to_string(),
-                config: Some(cfg),
-                sandbox_config: Some(ctx.sandbox_cfg.clone()),
-            };
-            match cri.create_container(req).await {
-                Ok(r) => r.container_id,
-                Err(e) if e.is_unavailable() => return Err(StartError::Runtime(e)),
-                Err(e) => {
-                    let msg = status_message(&e);
-                    shared
-                        .recorder
-                        .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
-                    return Err(wait("CreateContainerError", msg));
-                }
-            }
-        }
-    };
-    shared.recorder.event(
-        pod,
-        NORMAL,
-        "Created",
-        &format!("Created container: {}", spec.name),
-    );
-    if let Some(ran) = start.previous_run {
-        // A restart after a crash: the back-off grows, unless the container
-        // had run long enough to count as healthy.
-        let key = plan::backoff_key(pod.uid(), &spec.name);
-        let mut b = shared
-            .crash_backoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if ran >= shared.config.backoff_reset {
-            b.reset(&key);
-        }
-        b.next(&key, Instant::now());
-    }
-    match cri
-        .start_container(v1::StartContainerRequest {
-            container_id: id.clone(),
-        })
-        .await
-    {
-        Ok(_) => {
-            shared.recorder.event(
-                pod,
-                NORMAL,
-                "Started",
-                &format!("Started container {}", spec.name),
-            );
-            crate::lifecycle::post_start(shared, pod, spec, &id, ctx.pod_ip)
-                .await
-                .map_err(|w| StartError::Wait(w, None))
-        }
-        Err(e) if e.is_unavailable() => Err(StartError::Runtime(e)),
-        Err(e) => {
-            let msg = status_message(&e);
-            shared
-                .recorder
-                .event(pod, WARNING, "Failed", &format!("Error: {msg}"));
-            // The created container is left for the next sync to see as
-            // exited/created; the failure shows as its waiting reason.
-            Err(wait("RunContainerError", msg))
-        }
-    }
-}
-
-fn status_message(e: &cri_proto::Error) -> String {
-    match e {
-        cri_proto::Error::Status { status, .. } => status.message().to_string(),
-        other => other.to_string(),
-    }
-}
-
-/// Pull the image as imagePullPolicy says, with ImagePullBackOff.
-async fn ensure_image(
-    shared: &Shared,
-    pod: &Pod,
-    c: &Container,
-    sandbox: &v1::PodSandboxConfig,
-) -> Result<(), StartError> {
-    let image = c.image.clone().unwrap_or_default();
-    let policy = c
-        .image_pull_policy
-        .clone()
-        .unwrap_or_else(|| crate::source::defaults::default_pull_policy(&image).to_string());
-    let cri = &shared.runtime.cri;
-    let spec = v1::ImageSpec {
-        image: image.clone(),
-        ..Default::default()
-    };
-    let present = match cri
-        .image_status(v1::ImageStatusRequest {
-            image: Some(spec.clone()),
-            verbose: false,
-        })
-        .await
-    {
-        Ok(r) => r.image.is_some(),
-        Err(e) if e.is_unavailable() => return Err(StartError::Runtime(e)),
-        Err(e) => return Err(wait("InvalidImageName", status_message(&e))),
-    };
-    let already_present = || {
-        let msg = format!("Container image \"{image}\" already present on machine");
-        shared.recorder.event(pod, NORMAL, "Pulled", &msg);
-    };
-    if policy == "Never" {
-        if present {
-            already_present();
-            return Ok(());
-        }
-        let msg = format!("Container image \"{image}\" is not present with pull policy of Never");
-        shared
-            .recorder
-            .event(pod, WARNING, "ErrImageNeverPull", &msg);
-        return Err(wait("ErrImageNeverPull", msg));
-    }
-    if present && policy == "IfNotPresent" {
-        already_present();
-        return Ok(());
-    }
-    let key = format!("{}/image/{image}", pod.uid());
-    let left = shared
-        .image_backoff
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remaining_since_update(&key, Instant::now());
-    if let Some(left) = left {
-        let msg = format!("Back-off pulling image \"{image}\"");
-        return Err(StartError::Wait(
-            WaitReason {
-                reason: "ImagePullBackOff".into(),
-                message: msg,
-            },
-            Some(left),
-        ));
-    }
-    shared.recorder.event(
-        pod,
-        NORMAL,
-        "Pulling",
-        &format!("Pulling image \"{image}\""),
-    );
-    let started = Instant::now();
-    let req = v1::PullImageRequest {
-        image: Some(spec),
-        auth: None,
-        sandbox_config: Some(sandbox.clone()),
-    };
-    match cri.pull_image(req).await {
-        Ok(pulled) => {
-            let took = started.elapsed();
-            shared
-                .image_backoff
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .reset(&key);
-            // The kubelet reports the pulled image's size from ImageStatus.
-            let size = cri
-                .image_status(v1::ImageStatusRequest {
-                    image: Some(v1::ImageSpec {
-                        image: pulled.image_ref,
-                        ..Default::default()
-                    }),
-                    verbose: false,
-                })
-                .await
-                .ok()
-                .and_then(|r| r.image)
-                .map_or(0, |i| i.size);
-            // No pull queue here: the wait is the pull itself.
-            let took = crate::events::go_duration(took);
-            let msg = format!(
-                "Successfully pulled image \"{image}\" in {took} ({took} including waiting). Image size: {size} bytes."
-            );
-            shared.recorder.event(pod, NORMAL, "Pulled", &msg);
-            Ok(())
-        }
-        Err(e) => {
-            let delay = shared
-                .image_backoff
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .next(&key, Instant::now());
-            let msg = format!("Failed to pull image \"{image}\": {}", status_message(&e));
-            shared.recorder.event(pod, WARNING, "Failed", &msg);
-            Err(StartError::Wait(
-                WaitReason {
-                    reason: "ErrImagePull".into(),
-                    message: msg,
-                },
-                Some(delay),
-            ))
-        }
-    }
 }
 
 /// Stop the pod's containers within the grace period, remove its sandboxes,
@@ -863,11 +416,7 @@ async fn teardown(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .forget_prefix(uid);
-    shared
-        .image_backoff
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .forget_prefix(uid);
+    shared.images.forget_pod(uid);
     let name = pod
         .map(|p| p.key())
         .unwrap_or_else(|| format!("orphan {uid}"));
@@ -915,9 +464,6 @@ pub(crate) fn remove_log_dirs_of(root: &std::path::Path, uid: &str) {
     }
 }
 
-/// How soon a pod waiting for a volume or an env object tries again.
-const VOLUME_RETRY: Duration = Duration::from_secs(1);
-
 /// Set up (or refresh) the pod's volumes; failures become FailedMount
 /// events, paced by the volume manager.
 async fn setup_volumes(shared: &Shared, pod: &Pod) -> crate::volumes::Setup {
@@ -928,26 +474,6 @@ async fn setup_volumes(shared: &Shared, pod: &Pod) -> crate::volumes::Setup {
             .event(pod, WARNING, "FailedMount", &e.to_string());
     }
     setup
-}
-
-/// The configMaps and secrets the container's env names; None without an
-/// API connection. Skipped envFrom keys are reported as upstream.
-async fn env_objects(
-    shared: &Shared,
-    pod: &Pod,
-    c: &Container,
-) -> Option<crate::volumes::objects::EnvObjects> {
-    let objects = shared
-        .volumes
-        .objects()?
-        .for_container(pod.namespace(), c)
-        .await;
-    for msg in crate::runtime::container::env_from_invalid_keys(pod, c, &objects) {
-        shared
-            .recorder
-            .event(pod, WARNING, "InvalidEnvironmentVariableNames", &msg);
-    }
-    Some(objects)
 }
 
 /// Unmount and remove the pod's volumes. A busy mount is detached lazily

@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use super::routes::Cidr;
+use super::Cidr;
 
 pub const TABLE: &str = "skiff-network";
 

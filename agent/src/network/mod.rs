@@ -13,6 +13,10 @@ use tokio::sync::watch;
 pub mod masquerade;
 pub mod routes;
 
+/// A destination: network address and prefix length (a pod CIDR). Here,
+/// beside both users: [`routes`] computes them, [`masquerade`] writes them.
+pub type Cidr = (std::net::Ipv4Addr, u8);
+
 /// Undo what the agent programmed into the kernel for the pod network:
 /// its routes to the other nodes' pod CIDRs and its masquerade table.
 ///
@@ -23,8 +27,8 @@ pub async fn cleanup() -> anyhow::Result<()> {
     if let Err(errors) = routes::remove_all().await {
         failed.extend(errors.iter().map(ToString::to_string));
     }
-    if crate::proxy::exec::available("nft").await {
-        if let Err(e) = crate::proxy::exec::nft(&masquerade::remove_script()).await {
+    if skiff_proxy::exec::available("nft").await {
+        if let Err(e) = skiff_proxy::exec::nft(&masquerade::remove_script()).await {
             failed.push(format!("removing table ip {}: {e}", masquerade::TABLE));
         }
     }

@@ -21,6 +21,8 @@ use kube::Api;
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol};
 use rtnetlink::RouteMessageBuilder;
 
+use super::Cidr;
+
 /// The `proto` of the agent's routes (`ip route show proto 88`).
 pub const ROUTE_PROTOCOL: u8 = 88;
 /// RT_TABLE_MAIN.
@@ -53,9 +55,6 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// A destination: network address and prefix length.
-pub type Cidr = (Ipv4Addr, u8);
 
 /// A route the agent wants: where the CIDR's node is, and which node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,7 +206,7 @@ impl Routes {
                 let masq = (local, all);
                 if masq_applied.as_ref() != Some(&masq) || resync {
                     let script = super::masquerade::script(masq.0, &masq.1);
-                    match crate::proxy::exec::nft(&script).await {
+                    match skiff_proxy::exec::nft(&script).await {
                         Ok(_) => {
                             masq_error.clear();
                             masq_applied = Some(masq);

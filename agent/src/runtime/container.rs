@@ -10,9 +10,9 @@ use cri_proto::v1;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 use sha2::{Digest, Sha256};
 
-use super::labels;
 use super::resources::{self, Which};
 use super::sandbox::namespace_options;
+use super::{downward, labels};
 use crate::pod::PodExt;
 use crate::volumes::objects::{EnvObjects, Kind};
 use crate::volumes::PodVolumes;
@@ -270,7 +270,12 @@ fn resolve_env(
                 if let Some(f) = &from.field_ref {
                     field_ref(pod, &f.field_path, ctx)?
                 } else if let Some(r) = &from.resource_field_ref {
-                    resource_field_ref(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str()))?
+                    downward::resource_field_ref(
+                        c,
+                        &r.resource,
+                        r.divisor.as_ref().map(|d| d.0.as_str()),
+                    )
+                    .map_err(|e| ConfigError(e.to_string()))?
                 } else if let Some(k) = &from.config_map_key_ref {
                     let optional = k.optional.unwrap_or(false);
                     match key_ref(pod, ctx, Kind::ConfigMap, &k.name, &k.key, optional, name)? {
@@ -510,37 +515,6 @@ fn field_ref(pod: &Pod, path: &str, ctx: &ContainerContext) -> Result<String, Co
                 .ok_or_else(|| ConfigError(format!("unsupported fieldRef {p:?}")))?
         }
     })
-}
-
-/// A container's resource for env and downwardAPI volumes.
-pub(crate) fn resource_field_ref(
-    c: &Container,
-    resource: &str,
-    divisor: Option<&str>,
-) -> Result<String, ConfigError> {
-    let (which, name) = resource
-        .split_once('.')
-        .ok_or_else(|| ConfigError(format!("unsupported resourceFieldRef {resource:?}")))?;
-    let which = match which {
-        "limits" => Which::Limit,
-        "requests" => Which::Request,
-        _ => {
-            return Err(ConfigError(format!(
-                "unsupported resourceFieldRef {resource:?}"
-            )))
-        }
-    };
-    let value = resources::get(c, which, name).and_then(|q| resources::parse_quantity(&q));
-    let divisor = divisor
-        .and_then(resources::parse_quantity)
-        .filter(|d| *d > 0.0)
-        .unwrap_or(1.0);
-    // Unset limits read as node allocatable upstream; 0 is the honest
-    // answer until the node's capacity is wired in.
-    Ok(value
-        .map(|v| (v / divisor).ceil() as i64)
-        .unwrap_or(0)
-        .to_string())
 }
 
 /// `$(VAR)` expansion: defined variables are replaced, `$$` escapes,

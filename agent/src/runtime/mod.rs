@@ -3,9 +3,12 @@
 //! compound operations (stop a container with its grace, tear a pod down).
 
 pub mod container;
+pub mod downward;
+pub mod image;
 pub mod labels;
 pub mod resources;
 pub mod sandbox;
+pub mod start;
 pub mod state;
 
 use std::collections::HashMap;
@@ -18,6 +21,37 @@ use state::{ContainerInfo, PodRuntime, SandboxInfo, State};
 /// Errors talking to the runtime; the wrapped CRI error names the call.
 pub type Error = cri_proto::Error;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a container did not start (yet): what [`start`] and [`image`]
+/// report to the pod worker.
+#[derive(Debug)]
+pub enum StartError {
+    /// The container waits with this reason; sync again after the delay.
+    Wait(crate::status::WaitReason, Option<std::time::Duration>),
+    /// The runtime itself failed: the whole sync retries.
+    Runtime(Error),
+}
+
+/// A wait with upstream's `reason` and `message`, synced again at the
+/// sync period.
+fn wait(reason: &str, message: String) -> StartError {
+    StartError::Wait(
+        crate::status::WaitReason {
+            reason: reason.into(),
+            message,
+        },
+        None,
+    )
+}
+
+/// The runtime's own message of a failed call (a gRPC status's message
+/// without the code), as upstream puts it in events and waiting reasons.
+pub fn status_message(e: &Error) -> String {
+    match e {
+        cri_proto::Error::Status { status, .. } => status.message().to_string(),
+        other => other.to_string(),
+    }
+}
 
 /// The kubelet never gives a container less than this to stop.
 const MIN_GRACE_SECONDS: i64 = 2;

@@ -11,6 +11,7 @@ pub mod spdy;
 pub mod stats;
 pub mod stream;
 pub mod tls;
+pub mod upgrade;
 pub mod wschannel;
 pub mod wstunnel;
 

@@ -17,7 +17,7 @@ use k8s_openapi::List;
 
 use crate::node::Facts;
 use crate::pleg::Health;
-use crate::worker::Shared;
+use crate::shared::Shared;
 
 #[derive(Clone)]
 pub struct ServerState {

@@ -3,11 +3,8 @@
 //! reaches a handler. The router is assembled here from the handler
 //! modules; each contributes `routes(state) -> Router`.
 
-use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -16,9 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
 use tower::ServiceExt as _;
 
 use super::auth::{self, Authorizer, Identity};
@@ -74,74 +69,27 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(address = %addr, "node server listening");
     }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            res = listener.accept() => match res {
-                Ok((tcp, peer)) => {
-                    let _ = tcp.set_nodelay(true);
-                    conns.spawn(serve_conn(tcp, peer, acceptor.clone(), router.clone(), stop_rx.clone()));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "node server accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = &mut shutdown => break,
+    let make = move |cert: Option<&[u8]>| {
+        let peer = Peer(cert.and_then(auth::identity_from_cert));
+        let router = router.clone();
+        move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut().insert(peer.clone());
+            let router = router.clone();
+            async move {
+                let resp = router.oneshot(req.map(axum::body::Body::new)).await;
+                resp.unwrap_or_else(|e| match e {})
+            }
         }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drain = async { while conns.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(5), drain)
-        .await
-        .is_err()
-    {
-        conns.abort_all();
-    }
+    };
+    skiff_daemon::serve::serve(listener, acceptor, connection_limits(), make, shutdown).await;
 }
 
-async fn serve_conn(
-    tcp: tokio::net::TcpStream,
-    addr: SocketAddr,
-    acceptor: tokio_rustls::TlsAcceptor,
-    router: Router,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::debug!(peer = %addr, error = %e, "node server TLS handshake failed");
-            return;
-        }
-        Err(_) => return,
-    };
-    let peer = Peer(
-        tls.get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .and_then(|c| auth::identity_from_cert(c.as_ref())),
-    );
-    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        req.extensions_mut().insert(peer.clone());
-        let router = router.clone();
-        async move {
-            let resp = router.oneshot(req.map(axum::body::Body::new)).await;
-            Ok::<_, Infallible>(resp.unwrap_or_else(|e| match e {}))
-        }
-    });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
-            conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
-        }
-    }
+/// The node server's caps: every caller is the API server, an
+/// administrator or a monitoring agent, so a few hundred connections are
+/// plenty; beyond, a flood of idle connections must not starve the agent
+/// of descriptors (the fd limit is raised at start).
+fn connection_limits() -> Arc<skiff_daemon::limits::ConnectionLimits> {
+    use skiff_daemon::limits;
+    let fds = limits::raise_fd_limit().unwrap_or(1024);
+    limits::ConnectionLimits::new(limits::connection_cap(1000, fds), 250)
 }

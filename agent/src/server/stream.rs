@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -382,17 +382,6 @@ pub async fn pass_through(url: &str, mut req: Request) -> Response {
     });
     back.body(Body::empty())
         .unwrap_or_else(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
-}
-
-/// The values of a possibly repeated, comma-separated header.
-pub fn header_values(h: &HeaderMap, name: &str) -> Vec<String> {
-    h.get_all(name)
-        .iter()
-        .filter_map(|v: &HeaderValue| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect()
 }
 
 #[cfg(test)]

@@ -60,7 +60,7 @@ pub fn wanted(headers: &HeaderMap) -> Option<&'static str> {
     if !upgrade {
         return None;
     }
-    let offered = super::stream::header_values(headers, "sec-websocket-protocol");
+    let offered = super::upgrade::header_values(headers, "sec-websocket-protocol");
     [V5, V4]
         .into_iter()
         .find(|p| offered.iter().any(|o| o == p))
@@ -114,7 +114,7 @@ pub async fn serve(
     else {
         return (StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key").into_response();
     };
-    let runtime = match super::wstunnel::spdy_upgrade(url, SPDY_PROTOCOL).await {
+    let runtime = match super::upgrade::spdy_upgrade(url, SPDY_PROTOCOL).await {
         Ok(io) => io,
         Err(r) => return r,
     };
@@ -147,7 +147,7 @@ pub async fn serve(
             Err(e) => tracing::debug!(error = %e, "remote command websocket upgrade failed"),
         }
     });
-    super::wstunnel::switching_protocols(&key, protocol)
+    super::upgrade::switching_protocols(&key, protocol)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -394,7 +394,7 @@ where
     let up = up(ws_rx, ids, data_tx, window, v5);
     tokio::pin!(up);
     tokio::select! {
-        _ = down => super::wstunnel::linger(up).await,
+        _ = down => super::upgrade::linger(up).await,
         _ = &mut up => {}
         () = writer => {}
     }

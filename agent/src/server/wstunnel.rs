@@ -6,14 +6,10 @@
 //! through unchanged, unwrapped from (and wrapped into) messages, with no
 //! SPDY parsing (upstream's API server tunnels the same way).
 
-use std::time::Duration;
-
-use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt as _, StreamExt as _};
-use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -21,12 +17,12 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use super::upgrade::{header_values, linger, spdy_upgrade, switching_protocols, Upgraded};
+
 /// The WebSocket subprotocol of a tunnelled port-forward.
 pub const PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
 /// The SPDY stream protocol inside it.
 const SPDY_PROTOCOL: &str = "portforward.k8s.io";
-/// How long a client has to answer our close with its own.
-const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
 /// Whether `headers` ask for a WebSocket upgrade offering [`PROTOCOL`].
 pub fn wanted(headers: &HeaderMap) -> bool {
@@ -35,7 +31,7 @@ pub fn wanted(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     upgrade
-        && super::stream::header_values(headers, "sec-websocket-protocol")
+        && header_values(headers, "sec-websocket-protocol")
             .iter()
             .any(|p| p == PROTOCOL)
 }
@@ -68,76 +64,6 @@ pub async fn serve(url: &str, mut req: Request) -> Response {
         }
     });
     switching_protocols(&key, PROTOCOL)
-}
-
-/// The 101 that accepts a WebSocket upgrade with `protocol`; `key` is the
-/// computed Sec-WebSocket-Accept.
-pub(super) fn switching_protocols(key: &str, protocol: &str) -> Response {
-    Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::UPGRADE, "websocket")
-        .header("sec-websocket-accept", key)
-        .header("sec-websocket-protocol", protocol)
-        .body(Body::empty())
-        .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response())
-}
-
-pub(super) type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
-
-/// A SPDY/3.1 upgrade to the runtime's streaming server, asking for the
-/// stream `protocol`.
-pub(super) async fn spdy_upgrade(url: &str, protocol: &str) -> Result<Upgraded, Response> {
-    let bad = |code: StatusCode, msg: String| (code, msg).into_response();
-    let target: http::Uri = url.parse().map_err(|e| {
-        bad(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("runtime streaming URL {url:?}: {e}"),
-        )
-    })?;
-    let authority = target.authority().cloned().ok_or_else(|| {
-        bad(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("runtime streaming URL {url:?} has no host"),
-        )
-    })?;
-    let tcp = tokio::net::TcpStream::connect(authority.as_str())
-        .await
-        .map_err(|e| {
-            bad(
-                StatusCode::BAD_GATEWAY,
-                format!("connecting to the runtime's streaming server: {e}"),
-            )
-        })?;
-    let _ = tcp.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| bad(StatusCode::BAD_GATEWAY, e.to_string()))?;
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
-    let req = http::Request::post(target.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-        .header(header::HOST, authority.as_str())
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::UPGRADE, "SPDY/3.1")
-        .header("x-stream-protocol-version", protocol)
-        .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| bad(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| bad(StatusCode::BAD_GATEWAY, e.to_string()))?;
-    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        let status = resp.status();
-        return Err(bad(
-            StatusCode::BAD_GATEWAY,
-            format!("the runtime refused the {protocol} stream ({status})"),
-        ));
-    }
-    hyper::upgrade::on(resp)
-        .await
-        .map(TokioIo::new)
-        .map_err(|e| bad(StatusCode::BAD_GATEWAY, e.to_string()))
 }
 
 /// Binary messages' payloads to the runtime, the runtime's bytes back as
@@ -181,15 +107,5 @@ async fn relay(ws: WebSocketStream<Upgraded>, runtime: Upgraded) {
     tokio::select! {
         _ = &mut up => {}
         _ = down => linger(up).await,
-    }
-}
-
-/// After our close, read on until the client's (`up` returns on it).
-/// Closing the socket with the client's bytes unread would send a TCP
-/// reset, and a reset discards what we wrote and the client has not yet
-/// received: the end of the output, and the close itself.
-pub(super) async fn linger(up: impl std::future::Future<Output = ()>) {
-    if tokio::time::timeout(CLOSE_LINGER, up).await.is_err() {
-        tracing::debug!("the client did not answer the close in time");
     }
 }

@@ -32,7 +32,7 @@ use kube::Api;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::pod::PodExt;
-use crate::worker::StatusStore;
+use crate::status::StatusStore;
 
 /// Upstream's `SystemCriticalPriority`.
 pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;

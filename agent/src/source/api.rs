@@ -16,10 +16,8 @@ use kube::Api;
 use tokio::sync::{mpsc, watch};
 
 use super::PodUpdate;
+pub use super::API_SOURCE as SOURCE;
 use crate::pod::PodExt;
-
-/// Name of this source in [`PodUpdate::source`].
-pub const SOURCE: &str = "api";
 
 /// Mirror pods in the API, by `namespace/name`.
 pub type MirrorPods = HashMap<String, Pod>;

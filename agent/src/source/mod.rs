@@ -20,6 +20,11 @@ pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
 /// Annotation marking a pod as known to be a mirror of a static pod.
 pub const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
+/// Name of the API server source in [`PodUpdate::source`] and in a pod's
+/// config.source annotation; here rather than in [`api`] because the pod
+/// helpers (`PodExt::is_static`) read it too, and the API source uses them.
+pub const API_SOURCE: &str = "api";
+
 /// A full snapshot of one source's pods.
 #[derive(Debug, Clone)]
 pub struct PodUpdate {

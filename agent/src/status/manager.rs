@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::pod::PodExt;
 use crate::source::api::MirrorPods;
-use crate::worker::StatusStore;
+use crate::status::StatusStore;
 
 /// Status writes per second from this node, and the burst allowed
 /// (a 100-pod node starting at once is absorbed by the burst, then paced).

@@ -35,6 +35,10 @@ use self::objects::{Kind, ObjectSource};
 use crate::pod::PodExt;
 use crate::runtime::resources::{self, Which};
 
+/// How soon a pod waiting for a volume, or a container for an object its
+/// env names, tries again (the object may appear at any moment).
+pub const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
 const CONFIG_MAP: &str = "kubernetes.io~configmap";
 const SECRET: &str = "kubernetes.io~secret";

@@ -95,12 +95,12 @@ pub fn downward(
                 .ok_or_else(|| {
                     format!("container {name:?} not found in pod for resourceFieldRef")
                 })?;
-            crate::runtime::container::resource_field_ref(
+            crate::runtime::downward::resource_field_ref(
                 c,
                 &r.resource,
                 r.divisor.as_ref().map(|d| d.0.as_str()),
             )
-            .map_err(|e| e.0)?
+            .map_err(|e| e.to_string())?
         } else {
             String::new()
         };

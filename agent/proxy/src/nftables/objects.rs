@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
-use crate::proxy::model::{Endpoint, Policy, Protocol, ServicePort, Targets};
+use crate::model::{Endpoint, Policy, Protocol, ServicePort, Targets};
 
 /// The maps and sets of the table that services put elements in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -150,7 +150,7 @@ pub struct Context<'a> {
 }
 
 /// The service port's objects. `cluster` and `local` are the targets in
-/// slot order (see [`crate::proxy::slots`]).
+/// slot order (see [`crate::slots`]).
 pub fn build(svc: &ServicePort, targets: &Targets, ctx: &Context) -> Objects {
     let mut o = Objects::default();
     let proto = svc.name.protocol.as_str();
@@ -415,7 +415,7 @@ fn per_service(
     }
 }
 
-/// The address of an endpoint, for [`crate::proxy::slots`].
+/// The address of an endpoint, for [`crate::slots`].
 pub fn addr(ep: &Endpoint) -> (Ipv4Addr, u16) {
     (ep.ip, ep.port)
 }
@@ -423,7 +423,7 @@ pub fn addr(ep: &Endpoint) -> (Ipv4Addr, u16) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::model::{Protocol, ServicePortName};
+    use crate::model::{Protocol, ServicePortName};
 
     fn port() -> ServicePort {
         let name = ServicePortName::new("default", "web", "http", Protocol::Tcp);

@@ -3,7 +3,7 @@
 //! default route and find in their resolv.conf.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
@@ -20,19 +20,19 @@ const RETRY: Duration = Duration::from_secs(10);
 /// Serve the cluster DNS on the pod CIDR's gateway (bound before the
 /// bridge has the address, which comes with the first pod), moving with
 /// the CIDR if it ever changes. Failures are logged and retried.
+/// `gateway` is the pod network's rule for a CIDR's gateway address (the
+/// agent's network module owns it; the DNS server only follows it).
 pub async fn serve(
     config: DnsConfig,
     services: Store<Service>,
     slices: Store<EndpointSlice>,
     mut pod_cidr: watch::Receiver<Option<String>>,
+    gateway: fn(&str) -> Option<IpAddr>,
     stop: impl Future<Output = ()>,
 ) {
     tokio::pin!(stop);
     loop {
-        let gateway = pod_cidr
-            .borrow_and_update()
-            .as_deref()
-            .and_then(crate::network::gateway);
+        let gateway = pod_cidr.borrow_and_update().as_deref().and_then(gateway);
         let mut failed = false;
         if let Some(ip) = gateway {
             let dns = DnsConfig {
@@ -77,7 +77,7 @@ pub async fn serve(
         tokio::select! {
             () = &mut stop => return,
             r = pod_cidr.changed() => if r.is_err() { return },
-            () = crate::backoff::retry_after(failed, RETRY) => {}
+            () = tokio::time::sleep(RETRY), if failed => {}
         }
     }
 }

@@ -21,6 +21,8 @@ const PENDING_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Clone)]
 pub struct Health {
     status: Arc<Mutex<Status>>,
+    /// The `/metrics` body ([`crate::ProxyConfig::render_metrics`]).
+    render: fn() -> String,
 }
 
 /// A bound listener with its routes, ready to serve.
@@ -48,8 +50,8 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 impl Health {
-    pub fn new(status: Arc<Mutex<Status>>) -> Health {
-        Health { status }
+    pub fn new(status: Arc<Mutex<Status>>, render: fn() -> String) -> Health {
+        Health { status, render }
     }
 
     /// Whether the rules are current, and the JSON body kube-proxy sends.
@@ -83,7 +85,9 @@ impl Health {
             .route("/healthz", get(healthz_handler))
             .route("/livez", get(healthz_handler))
             .with_state(self.clone());
-        let metrics_routes = Router::new().route("/metrics", get(metrics_handler));
+        let metrics_routes = Router::new()
+            .route("/metrics", get(metrics_handler))
+            .with_state(self.clone());
         let mut servers = Vec::new();
         let bind = |what, address: SocketAddr| async move {
             tokio::net::TcpListener::bind(address)
@@ -128,13 +132,13 @@ async fn healthz_handler(State(h): State<Health>) -> impl IntoResponse {
     (code, [("content-type", "application/json")], body)
 }
 
-async fn metrics_handler() -> impl IntoResponse {
+async fn metrics_handler(State(h): State<Health>) -> impl IntoResponse {
     (
         [(
             "content-type",
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        crate::metrics::metrics().render(),
+        (h.render)(),
     )
 }
 
@@ -145,7 +149,7 @@ mod tests {
     #[test]
     fn healthy_once_synced_and_current() {
         let status = Arc::new(Mutex::new(Status::default()));
-        let h = Health::new(status.clone());
+        let h = Health::new(status.clone(), crate::metrics::render);
         assert!(!h.check().0, "not before the first sync");
         status.lock().unwrap().last_sync = Some(SystemTime::now());
         let (ok, body) = h.check();

@@ -14,7 +14,8 @@
 //!   CIDR.
 //!
 //! Pods with `dnsPolicy: ClusterFirst` reach it through the nameserver
-//! that `--cluster-dns` puts in their resolv.conf (runtime::sandbox).
+//! that `--cluster-dns` puts in their resolv.conf (the agent's
+//! runtime::sandbox). A crate of its own, run in-process by skiff-agent.
 
 pub mod gateway;
 mod handler;

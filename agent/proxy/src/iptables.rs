@@ -519,7 +519,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::proxy::model::Protocol;
+    use crate::model::Protocol;
 
     fn svc() -> ServicePort {
         let name = ServicePortName::new("default", "web", "", Protocol::Tcp);

@@ -18,8 +18,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use skiff_agent::proxy::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
-use skiff_agent::proxy::{cleanup, conntrack, Backend, Change, Mode};
+use skiff_proxy::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
+use skiff_proxy::{cleanup, conntrack, Backend, Change, Mode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CIDR: &str = "198.18.0.0/24";

@@ -29,7 +29,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::Event;
 use rand::Rng;
-use skiff_agent::dns::{listen, DnsConfig, DnsServer, Error};
+use skiff_dns::{listen, DnsConfig, DnsServer, Error};
 use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
 
@@ -229,7 +229,7 @@ fn write_resolv_conf(path: &Path, nameservers: &[Ipv4Addr]) {
 struct Running {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<skiff_agent::dns::Result<()>>,
+    task: tokio::task::JoinHandle<skiff_dns::Result<()>>,
 }
 
 impl Running {

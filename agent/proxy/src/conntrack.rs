@@ -149,13 +149,16 @@ impl Tracker {
     }
 }
 
+/// How long one `conntrack -D` may take: it runs inside the sync loop.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Run the flushes; `conntrack` exits 1 when nothing matched, which is
 /// fine. Failures are logged (the tool may be missing), never fatal.
 pub async fn apply(flushes: &BTreeSet<Flush>) {
     for f in flushes {
         let args = f.args();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        match super::exec::run("conntrack", &refs, "").await {
+        match super::exec::run_within("conntrack", &refs, "", TIMEOUT).await {
             Ok(_) => {}
             Err(super::exec::Error::Failed { stderr, .. }) if stderr.contains("0 flow entries") => {
             }

@@ -1,7 +1,7 @@
 use std::net::Ipv4Addr;
 
 use super::*;
-use crate::proxy::model::{Endpoint, Protocol};
+use crate::model::{Endpoint, Protocol};
 
 fn svc(name: &str, last: u8) -> ServicePort {
     let name = ServicePortName::new("default", name, "", Protocol::Tcp);

@@ -16,6 +16,7 @@
 //! - [`conntrack`]: stale UDP conntrack entries, cleared after a sync.
 //! - [`exec`]: running `nft` / `iptables-restore`.
 //! - [`health`]: `/healthz` and `/metrics` on kube-proxy's ports.
+//! - [`metrics`]: kube-proxy's sync metrics.
 //!
 //! The sync loop ([`run`]) is level-triggered: it waits until both
 //! watchers have listed, does one full sync (replacing whatever a
@@ -26,6 +27,7 @@ pub mod conntrack;
 pub mod exec;
 pub mod health;
 pub mod iptables;
+pub mod metrics;
 pub mod model;
 pub mod nftables;
 pub mod slots;
@@ -103,6 +105,10 @@ pub struct ProxyConfig {
     pub healthz_bind_address: Option<std::net::SocketAddr>,
     /// `/metrics` (kube-proxy's 10249); None turns it off.
     pub metrics_bind_address: Option<std::net::SocketAddr>,
+    /// What `/metrics` serves: the proxy's own metrics by default; a
+    /// process that runs the proxy beside other work (the agent) renders
+    /// its whole registry, as kube-proxy serves its process's metrics.
+    pub render_metrics: fn() -> String,
 }
 
 impl Default for ProxyConfig {
@@ -114,6 +120,7 @@ impl Default for ProxyConfig {
             sync_period: Duration::from_secs(3600),
             healthz_bind_address: Some(([0, 0, 0, 0], 10256).into()),
             metrics_bind_address: Some(([127, 0, 0, 1], 10249).into()),
+            render_metrics: metrics::render,
         }
     }
 }
@@ -387,20 +394,24 @@ async fn iptables_existing() -> BTreeSet<(iptables::Table, String)> {
 async fn ensure_iptables_jumps() -> exec::Result<()> {
     for (table, from, to) in iptables::JUMPS {
         // Declared empty first so that a jump never names a missing chain.
-        let _ = exec::run("iptables", &["-w", "-t", table.name(), "-N", to], "").await;
+        let new_chain = ["-w", exec::LOCK_WAIT, "-t", table.name(), "-N", to];
+        let _ = exec::run("iptables", &new_chain, "").await;
         let args = iptables::jump_args(*table, to);
         let rule: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut check = vec!["-w", "-t", table.name(), "-C", from];
+        let mut check = vec!["-w", exec::LOCK_WAIT, "-t", table.name(), "-C", from];
         check.extend(&rule);
         if exec::run("iptables", &check, "").await.is_ok() {
             continue;
         }
-        let mut insert = vec!["-w", "-t", table.name(), "-I", from];
+        let mut insert = vec!["-w", exec::LOCK_WAIT, "-t", table.name(), "-I", from];
         insert.extend(&rule);
         exec::run("iptables", &insert, "").await?;
     }
     Ok(())
 }
+
+/// The most copies of one jump rule `cleanup` deletes.
+const MAX_JUMP_COPIES: usize = 100;
 
 /// Remove everything either mode created (`--cleanup`, and at start for
 /// the mode not in use): the nftables table, and the iptables jumps and
@@ -417,10 +428,19 @@ pub async fn cleanup(modes: &[Mode]) -> Result<()> {
         for (table, from, to) in iptables::JUMPS {
             let args = iptables::jump_args(*table, to);
             let rule: Vec<&str> = args.iter().map(String::as_str).collect();
-            let mut delete = vec!["-w", "-t", table.name(), "-D", from];
+            let mut delete = vec!["-w", exec::LOCK_WAIT, "-t", table.name(), "-D", from];
             delete.extend(&rule);
-            // Delete every copy; a missing rule ends the loop.
-            while exec::run("iptables", &delete, "").await.is_ok() {}
+            // Delete every copy; a missing rule ends the loop, and so does
+            // the bound (no chain holds that many copies of our jump).
+            let removed =
+                exec::repeat_while_ok(MAX_JUMP_COPIES, || exec::run("iptables", &delete, "")).await;
+            if removed == MAX_JUMP_COPIES {
+                tracing::warn!(
+                    table = table.name(),
+                    chain = from,
+                    "still deleting the proxy's jump after {MAX_JUMP_COPIES} copies; giving up"
+                );
+            }
         }
         let existing = iptables_existing().await;
         if !existing.is_empty() {
@@ -478,7 +498,7 @@ pub async fn run(
         tracing::warn!(mode = %other, "could not remove rules of the other proxy mode: {e}");
     }
     let status = Arc::new(Mutex::new(Status::default()));
-    let health = health::Health::new(status.clone());
+    let health = health::Health::new(status.clone(), config.render_metrics);
     let servers = health
         .bind(config.healthz_bind_address, config.metrics_bind_address)
         .await
@@ -514,7 +534,7 @@ pub async fn run(
                 }
             }
             () = tokio::time::sleep_until(next_full.into()) => repair = true,
-            () = crate::backoff::retry_after(failing, retry) => {}
+            () = tokio::time::sleep(retry), if failing => {}
         }
         {
             let mut st = status.lock().unwrap_or_else(|p| p.into_inner());
@@ -575,10 +595,10 @@ pub async fn run(
             r
         };
         last_sync = Some(Instant::now());
-        let m = crate::metrics::metrics();
+        let m = metrics::metrics();
         {
             let st = state.lock().unwrap_or_else(|p| p.into_inner());
-            m.proxy_changes(st.service_changes, st.endpoint_changes);
+            m.changes(st.service_changes, st.endpoint_changes);
         }
         match result {
             Ok(synced) => {
@@ -587,13 +607,13 @@ pub async fn run(
                 }
                 failing = false;
                 retry = Duration::ZERO;
-                m.proxy_sync(synced.full, synced.took, backend.programmed());
+                m.sync_ok(synced.full, synced.took, backend.programmed());
                 let mut st = status.lock().unwrap_or_else(|p| p.into_inner());
                 st.last_sync = Some(SystemTime::now());
                 st.oldest_pending = None;
             }
             Err(e) => {
-                m.proxy_sync_error();
+                m.sync_error();
                 retry = (retry * 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
                 tracing::error!(
                     "syncing proxy rules failed, retrying everything in {retry:?}: {e}"

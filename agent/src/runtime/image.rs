@@ -1,0 +1,162 @@
+//! Image pulls as the kubelet's `images.imageManager`: a container's image
+//! is pulled (or found present) as its imagePullPolicy says, with the
+//! events upstream records, and failed pulls wait out ImagePullBackOff.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use cri_proto::{v1, CriClient};
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::{wait, StartError};
+use crate::backoff::Backoff;
+use crate::events::{Recorder, NORMAL, WARNING};
+use crate::pod::PodExt;
+use crate::status::WaitReason;
+
+/// Pulls images, holding the ImagePullBackOff delays (keyed
+/// `uid/image/<image>`, so a pod's delays go with it).
+pub struct ImagePuller {
+    backoff: Mutex<Backoff>,
+}
+
+impl ImagePuller {
+    pub fn new(backoff: Backoff) -> ImagePuller {
+        ImagePuller {
+            backoff: Mutex::new(backoff),
+        }
+    }
+
+    fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forget the delays of a pod that is gone.
+    pub fn forget_pod(&self, uid: &str) {
+        self.backoff().forget_prefix(uid);
+    }
+
+    /// Drop delays that have long expired.
+    pub fn gc(&self, now: Instant) {
+        self.backoff().gc(now);
+    }
+
+    /// Pull `c`'s image as its imagePullPolicy says, with ImagePullBackOff.
+    ///
+    /// # Errors
+    /// [`StartError::Wait`] when the container has to wait for its image
+    /// (ErrImagePull, ImagePullBackOff, ...), [`StartError::Runtime`] when
+    /// the runtime is unavailable.
+    pub async fn ensure(
+        &self,
+        cri: &CriClient,
+        recorder: &dyn Recorder,
+        pod: &Pod,
+        c: &Container,
+        sandbox: &v1::PodSandboxConfig,
+    ) -> Result<(), StartError> {
+        let image = c.image.clone().unwrap_or_default();
+        let policy = c
+            .image_pull_policy
+            .clone()
+            .unwrap_or_else(|| crate::source::defaults::default_pull_policy(&image).to_string());
+        let spec = v1::ImageSpec {
+            image: image.clone(),
+            ..Default::default()
+        };
+        let present = match cri
+            .image_status(v1::ImageStatusRequest {
+                image: Some(spec.clone()),
+                verbose: false,
+            })
+            .await
+        {
+            Ok(r) => r.image.is_some(),
+            Err(e) if e.is_unavailable() => return Err(StartError::Runtime(e)),
+            Err(e) => return Err(wait("InvalidImageName", super::status_message(&e))),
+        };
+        let already_present = || {
+            let msg = format!("Container image \"{image}\" already present on machine");
+            recorder.event(pod, NORMAL, "Pulled", &msg);
+        };
+        if policy == "Never" {
+            if present {
+                already_present();
+                return Ok(());
+            }
+            let msg =
+                format!("Container image \"{image}\" is not present with pull policy of Never");
+            recorder.event(pod, WARNING, "ErrImageNeverPull", &msg);
+            return Err(wait("ErrImageNeverPull", msg));
+        }
+        if present && policy == "IfNotPresent" {
+            already_present();
+            return Ok(());
+        }
+        let key = format!("{}/image/{image}", pod.uid());
+        let left = self.backoff().remaining_since_update(&key, Instant::now());
+        if let Some(left) = left {
+            let msg = format!("Back-off pulling image \"{image}\"");
+            return Err(StartError::Wait(
+                WaitReason {
+                    reason: "ImagePullBackOff".into(),
+                    message: msg,
+                },
+                Some(left),
+            ));
+        }
+        recorder.event(
+            pod,
+            NORMAL,
+            "Pulling",
+            &format!("Pulling image \"{image}\""),
+        );
+        let started = Instant::now();
+        let req = v1::PullImageRequest {
+            image: Some(spec),
+            auth: None,
+            sandbox_config: Some(sandbox.clone()),
+        };
+        match cri.pull_image(req).await {
+            Ok(pulled) => {
+                let took = started.elapsed();
+                self.backoff().reset(&key);
+                // The kubelet reports the pulled image's size from ImageStatus.
+                let size = cri
+                    .image_status(v1::ImageStatusRequest {
+                        image: Some(v1::ImageSpec {
+                            image: pulled.image_ref,
+                            ..Default::default()
+                        }),
+                        verbose: false,
+                    })
+                    .await
+                    .ok()
+                    .and_then(|r| r.image)
+                    .map_or(0, |i| i.size);
+                // No pull queue here: the wait is the pull itself.
+                let took = crate::events::go_duration(took);
+                let msg = format!(
+                    "Successfully pulled image \"{image}\" in {took} ({took} including waiting). Image size: {size} bytes."
+                );
+                recorder.event(pod, NORMAL, "Pulled", &msg);
+                Ok(())
+            }
+            Err(e) => {
+                let delay = self.backoff().next(&key, Instant::now());
+                let msg = format!(
+                    "Failed to pull image \"{image}\": {}",
+                    super::status_message(&e)
+                );
+                recorder.event(pod, WARNING, "Failed", &msg);
+                Err(StartError::Wait(
+                    WaitReason {
+                        reason: "ErrImagePull".into(),
+                        message: msg,
+                    },
+                    Some(delay),
+                ))
+            }
+        }
+    }
+}
