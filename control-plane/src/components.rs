@@ -5,10 +5,12 @@
 //! apply to them exactly as to any other client.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::apiserver::health::ComponentHealth;
 use crate::config::Config;
 use crate::pki::{self, Pki};
 
@@ -30,6 +32,10 @@ pub enum Error {
         source: kube::Error,
     },
 }
+
+/// Their names in `componentstatuses`, as upstream's.
+const SCHEDULER: &str = "scheduler";
+const CONTROLLER_MANAGER: &str = "controller-manager";
 
 /// The running components; dropping it does not stop them, `shutdown` does.
 pub struct Components {
@@ -56,11 +62,17 @@ async fn client(pki: &Pki, url: &str, user: &'static str) -> Result<kube::Client
     kube::Client::try_from(cfg).map_err(|source| Error::Client { user, source })
 }
 
-/// Start what `cfg` enables against the server at `url`.
+/// Start what `cfg` enables against the server at `url`, reporting
+/// whether each runs in `health` (`componentstatuses`).
 ///
 /// # Errors
 /// The CA cannot sign the components' certificates.
-pub async fn start(cfg: &Config, data_dir: &Path, url: &str) -> Result<Components, Error> {
+pub async fn start(
+    cfg: &Config,
+    data_dir: &Path,
+    url: &str,
+    health: Arc<ComponentHealth>,
+) -> Result<Components, Error> {
     let pki = Pki::load_or_create(data_dir)?;
     let (stop, stopped) = watch::channel(false);
     let until_stopped = move || {
@@ -70,15 +82,24 @@ pub async fn start(cfg: &Config, data_dir: &Path, url: &str) -> Result<Component
         }
     };
     let mut tasks = JoinSet::new();
-    if !cfg.disable_scheduler {
+    if cfg.disable_scheduler {
+        health.set(
+            SCHEDULER,
+            Err("not running here (--disable-scheduler)".into()),
+        );
+    } else {
         let c = client(&pki, url, "system:kube-scheduler").await?;
-        tasks.spawn(skiff_scheduler::run(
-            c,
-            skiff_scheduler::Config::default(),
-            until_stopped(),
+        tasks.spawn(health.track(
+            SCHEDULER,
+            skiff_scheduler::run(c, skiff_scheduler::Config::default(), until_stopped()),
         ));
     }
-    if !cfg.disable_controller_manager {
+    if cfg.disable_controller_manager {
+        health.set(
+            CONTROLLER_MANAGER,
+            Err("not running here (--disable-controller-manager)".into()),
+        );
+    } else {
         let c = client(&pki, url, "system:kube-controller-manager").await?;
         let controllers = skiff_controllers::Config {
             controllers: cfg.controllers.clone(),
@@ -86,13 +107,16 @@ pub async fn start(cfg: &Config, data_dir: &Path, url: &str) -> Result<Component
             node_cidr_mask_size: cfg.node_cidr_mask_size,
             node_monitor_period: cfg.node_monitor_period,
             node_monitor_grace_period: cfg.node_monitor_grace_period,
-            signing: Some(std::sync::Arc::new(skiff_controllers::SigningCa {
+            signing: Some(Arc::new(skiff_controllers::SigningCa {
                 cert_pem: pki.ca_pem().to_string(),
                 key_pem: pki.ca_key_pem().to_string(),
             })),
             cluster_signing_duration: cfg.cluster_signing_duration,
         };
-        tasks.spawn(skiff_controllers::run(c, controllers, until_stopped()));
+        tasks.spawn(health.track(
+            CONTROLLER_MANAGER,
+            skiff_controllers::run(c, controllers, until_stopped()),
+        ));
     }
     Ok(Components { stop, tasks })
 }

@@ -60,6 +60,20 @@ pub struct Settings {
     pub default_unreachable_toleration_seconds: Option<i64>,
     /// The longest certificate the CSR signer issues (`8760h`, a year).
     pub cluster_signing_duration: Option<String>,
+    /// How often the store's history is compacted (`5m`; `0` never).
+    pub etcd_compaction_interval: Option<String>,
+    /// How long events are kept (`1h`; `0` forever).
+    pub event_ttl: Option<String>,
+    /// Non-mutating requests served at once; more get 429 (`0` no limit).
+    pub max_requests_inflight: Option<usize>,
+    /// Mutating requests served at once; more get 429 (`0` no limit).
+    pub max_mutating_requests_inflight: Option<usize>,
+    /// Longest a non-long-running request may take (`60s`; `0` none).
+    pub request_timeout: Option<String>,
+    /// Connections held at once, in all (also bounded by the fd limit).
+    pub max_connections: Option<usize>,
+    /// Connections held at once from one source address (`0` no limit).
+    pub max_connections_per_source: Option<usize>,
 }
 
 impl Settings {
@@ -95,6 +109,19 @@ impl Settings {
             cluster_signing_duration: self
                 .cluster_signing_duration
                 .or(other.cluster_signing_duration),
+            etcd_compaction_interval: self
+                .etcd_compaction_interval
+                .or(other.etcd_compaction_interval),
+            event_ttl: self.event_ttl.or(other.event_ttl),
+            max_requests_inflight: self.max_requests_inflight.or(other.max_requests_inflight),
+            max_mutating_requests_inflight: self
+                .max_mutating_requests_inflight
+                .or(other.max_mutating_requests_inflight),
+            request_timeout: self.request_timeout.or(other.request_timeout),
+            max_connections: self.max_connections.or(other.max_connections),
+            max_connections_per_source: self
+                .max_connections_per_source
+                .or(other.max_connections_per_source),
         }
     }
 
@@ -136,6 +163,19 @@ pub struct Config {
     pub default_not_ready_toleration_seconds: i64,
     pub default_unreachable_toleration_seconds: i64,
     pub cluster_signing_duration: Duration,
+    /// Compact the store's history older than this, this often
+    /// (kube-apiserver's `--etcd-compaction-interval`); `None`: never.
+    pub compaction_interval: Option<Duration>,
+    /// Events are deleted this long after their last write
+    /// (kube-apiserver's `--event-ttl`); `None`: kept until deleted.
+    pub event_ttl: Option<Duration>,
+    pub max_requests_inflight: usize,
+    pub max_mutating_requests_inflight: usize,
+    /// Zero: no deadline.
+    pub request_timeout: Duration,
+    pub max_connections: usize,
+    /// Zero: no per-source cap.
+    pub max_connections_per_source: usize,
 }
 
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/skiff-server";
@@ -213,6 +253,20 @@ impl Config {
                 s.cluster_signing_duration,
                 365 * 24 * 3600,
             )?,
+            // Upstream's defaults; 0 turns each off, as upstream.
+            compaction_interval: Some(duration(
+                "etcd-compaction-interval",
+                s.etcd_compaction_interval,
+                5 * 60,
+            )?)
+            .filter(|d| !d.is_zero()),
+            event_ttl: Some(duration("event-ttl", s.event_ttl, 3600)?).filter(|d| !d.is_zero()),
+            // kube-apiserver's defaults for the first three.
+            max_requests_inflight: s.max_requests_inflight.unwrap_or(400),
+            max_mutating_requests_inflight: s.max_mutating_requests_inflight.unwrap_or(200),
+            request_timeout: duration("request-timeout", s.request_timeout, 60)?,
+            max_connections: s.max_connections.unwrap_or(10_000),
+            max_connections_per_source: s.max_connections_per_source.unwrap_or(1000),
             disable_scheduler: s.disable_scheduler.unwrap_or(false),
             disable_controller_manager: s.disable_controller_manager.unwrap_or(false),
             controllers: s.controllers.unwrap_or_else(|| vec!["*".into()]),
@@ -289,6 +343,12 @@ mod tests {
         assert_eq!(c.node_monitor_period, Duration::from_secs(5));
         assert_eq!(c.controllers, vec!["*", "-job"]);
         assert!(c.disable_scheduler && !c.disable_controller_manager);
+        assert_eq!(c.compaction_interval, Some(Duration::from_secs(300)));
+        assert_eq!(c.event_ttl, Some(Duration::from_secs(3600)));
+        std::fs::write(&f, "etcd-compaction-interval: 0\nevent-ttl: 90s\n").unwrap();
+        let c = Config::resolve(Settings::default(), Some(&f)).unwrap();
+        assert_eq!(c.compaction_interval, None);
+        assert_eq!(c.event_ttl, Some(Duration::from_secs(90)));
         std::fs::write(&f, "node-monitor-period: soon\n").unwrap();
         let e = Config::resolve(Settings::default(), Some(&f)).unwrap_err();
         assert!(e.to_string().contains("node-monitor-period"), "{e}");

@@ -1,57 +1,166 @@
-//! Prometheus metrics: request latency and counts by verb/resource/code,
-//! current watchers, and store operation latency.
+//! The API server's Prometheus metrics (prometheus-client): request latency
+//! and counts by verb/resource/code, current watchers, and store operation
+//! latency; what each request is recorded under.
+//!
+//! Label values come from the matched route, never from the raw URL, and
+//! every request answered 401 is recorded under one label set: a client,
+//! authenticated or not, cannot grow the series without bound. The encoder
+//! escapes label values, so no path can break the exposition format.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
+use http::Method;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::apiserver::request::{self, Query, Target};
+use crate::apiserver::resources;
+
+/// Seconds; upstream's `apiserver_request_duration_seconds` buckets.
 const BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
 ];
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
+fn latency() -> Histogram {
+    Histogram::new(BUCKETS.iter().copied())
 }
 
-impl Histogram {
-    fn observe(&mut self, secs: f64) {
-        if self.counts.is_empty() {
-            self.counts = vec![0; BUCKETS.len()];
-        }
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if secs <= *b {
-                self.counts[i] += 1;
-            }
-        }
-        self.sum += secs;
-        self.count += 1;
-    }
+/// What a request is recorded under, known before it is served: the verb
+/// (upper case, as upstream writes it) and the resource of the matched route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestKind {
+    verb: &'static str,
+    resource: &'static str,
+}
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{b}\"}} {}",
-                self.counts.get(i).copied().unwrap_or(0)
-            );
+impl RequestKind {
+    /// Requests answered 401: one label set, whatever their method and path,
+    /// since nothing about an unauthenticated caller is to be trusted.
+    const UNAUTHENTICATED: RequestKind = RequestKind {
+        verb: "UNKNOWN",
+        resource: "unknown",
+    };
+
+    /// A resource request is labelled with the served resource's plural, or
+    /// `unknown` when no served resource matches; any other request with an
+    /// empty resource. The verb is the Kubernetes verb for resource requests
+    /// and the HTTP method otherwise, `UNKNOWN` for methods HTTP does not
+    /// define (clients may send any token).
+    pub fn of(method: &Method, target: &Target, query: &Query) -> RequestKind {
+        match target {
+            Target::Resource(p) => RequestKind {
+                verb: upper_verb(request::verb(method, p, query)),
+                resource: resources::lookup(&p.group, &p.version, &p.resource)
+                    .map_or("unknown", |def| def.plural),
+            },
+            _ => RequestKind {
+                verb: http_method(method),
+                resource: "",
+            },
         }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
     }
 }
+
+fn upper_verb(verb: &str) -> &'static str {
+    match verb {
+        "get" => "GET",
+        "list" => "LIST",
+        "watch" => "WATCH",
+        "create" => "CREATE",
+        "update" => "UPDATE",
+        "patch" => "PATCH",
+        "delete" => "DELETE",
+        "deletecollection" => "DELETECOLLECTION",
+        _ => "UNKNOWN",
+    }
+}
+
+fn http_method(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "UNKNOWN",
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    verb: &'static str,
+    resource: &'static str,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    backend: &'static str,
+    operation: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// The server's metrics registry.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), Histogram>>,
-    store_ops: Mutex<BTreeMap<(&'static str, &'static str), Histogram>>,
-    watchers: AtomicI64,
+    registry: Registry,
+    /// `apiserver_request_duration_seconds`.
+    request_duration: Histograms<RequestLabels>,
+    /// `apiserver_request_total`.
+    requests: Family<RequestLabels, Counter>,
+    /// `apiserver_current_watchers`.
+    watchers: Gauge,
+    /// `skiff_store_operation_duration_seconds`.
+    store_ops: Histograms<StoreLabels>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let request_duration: Histograms<RequestLabels> = Family::new_with_constructor(latency);
+        let requests = Family::<RequestLabels, Counter>::default();
+        let watchers = Gauge::default();
+        let store_ops: Histograms<StoreLabels> = Family::new_with_constructor(latency);
+        // prometheus-client ends each help text with a period, and writes a
+        // counter registered as `x` as samples `x_total`.
+        registry.register(
+            "apiserver_request_duration_seconds",
+            "Response latency distribution in seconds for each verb, resource and code",
+            request_duration.clone(),
+        );
+        registry.register(
+            "apiserver_request",
+            "Counter of apiserver requests broken out for each verb, resource and HTTP response code",
+            requests.clone(),
+        );
+        registry.register(
+            "apiserver_current_watchers",
+            "Number of currently open watch requests",
+            watchers.clone(),
+        );
+        registry.register(
+            "skiff_store_operation_duration_seconds",
+            "Latency of store operations by backend and operation",
+            store_ops.clone(),
+        );
+        Metrics {
+            registry,
+            request_duration,
+            requests,
+            watchers,
+            store_ops,
+        }
+    }
 }
 
 /// Decrements the watcher gauge when dropped (the watch stream ended).
@@ -59,90 +168,66 @@ pub struct WatcherGuard<'a>(&'a Metrics);
 
 impl Drop for WatcherGuard<'_> {
     fn drop(&mut self) {
-        self.0.watchers.fetch_sub(1, Ordering::Relaxed);
+        self.0.watchers.dec();
     }
 }
 
 impl Metrics {
-    pub fn observe_request(&self, verb: &str, resource: &str, code: u16, took: Duration) {
-        let mut m = self.requests.lock().expect("metrics lock");
-        m.entry((verb.to_string(), resource.to_string(), code))
-            .or_default()
+    /// Record one served request; 401s go under
+    /// [`RequestKind::UNAUTHENTICATED`] whatever `kind` says.
+    pub fn observe_request(&self, kind: RequestKind, code: u16, took: Duration) {
+        let kind = if code == 401 {
+            RequestKind::UNAUTHENTICATED
+        } else {
+            kind
+        };
+        let labels = RequestLabels {
+            verb: kind.verb,
+            resource: kind.resource,
+            code,
+        };
+        self.request_duration
+            .get_or_create(&labels)
             .observe(took.as_secs_f64());
+        self.requests.get_or_create(&labels).inc();
     }
 
     pub fn observe_store(&self, backend: &'static str, op: &'static str, took: Duration) {
-        let mut m = self.store_ops.lock().expect("metrics lock");
-        m.entry((backend, op))
-            .or_default()
+        let labels = StoreLabels {
+            backend,
+            operation: op,
+        };
+        self.store_ops
+            .get_or_create(&labels)
             .observe(took.as_secs_f64());
     }
 
     pub fn watcher(&self) -> WatcherGuard<'_> {
-        self.watchers.fetch_add(1, Ordering::Relaxed);
+        self.watchers.inc();
         WatcherGuard(self)
     }
 
     pub fn current_watchers(&self) -> i64 {
-        self.watchers.load(Ordering::Relaxed)
+        self.watchers.get()
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let reqs = self.requests.lock().expect("metrics lock").clone();
-        out.push_str("# HELP apiserver_request_duration_seconds Response latency distribution in seconds for each verb, resource and code.\n");
-        out.push_str("# TYPE apiserver_request_duration_seconds histogram\n");
-        for ((verb, res, code), h) in &reqs {
-            h.render(
-                &mut out,
-                "apiserver_request_duration_seconds",
-                &format!("verb=\"{verb}\",resource=\"{res}\",code=\"{code}\""),
-            );
-        }
-        out.push_str("# HELP apiserver_request_total Counter of apiserver requests broken out for each verb, resource and HTTP response code.\n");
-        out.push_str("# TYPE apiserver_request_total counter\n");
-        for ((verb, res, code), h) in &reqs {
-            let _ = writeln!(
-                out,
-                "apiserver_request_total{{verb=\"{verb}\",resource=\"{res}\",code=\"{code}\"}} {}",
-                h.count
-            );
-        }
-        out.push_str(
-            "# HELP apiserver_current_watchers Number of currently open watch requests.\n",
-        );
-        out.push_str("# TYPE apiserver_current_watchers gauge\n");
-        let _ = writeln!(
-            out,
-            "apiserver_current_watchers {}",
-            self.current_watchers()
-        );
-        out.push_str("# HELP skiff_store_operation_duration_seconds Latency of store operations by backend and operation.\n");
-        out.push_str("# TYPE skiff_store_operation_duration_seconds histogram\n");
-        let ops = self.store_ops.lock().expect("metrics lock").clone();
-        for ((backend, op), h) in &ops {
-            h.render(
-                &mut out,
-                "skiff_store_operation_duration_seconds",
-                &format!("backend=\"{backend}\",operation=\"{op}\""),
-            );
-        }
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 }
 
 /// A [`Store`] that records each operation's latency.
 pub struct MeteredStore {
-    inner: std::sync::Arc<dyn crate::store::Store>,
-    metrics: std::sync::Arc<Metrics>,
+    inner: Arc<dyn crate::store::Store>,
+    metrics: Arc<Metrics>,
 }
 
 impl MeteredStore {
-    pub fn new(
-        inner: std::sync::Arc<dyn crate::store::Store>,
-        metrics: std::sync::Arc<Metrics>,
-    ) -> Self {
+    pub fn new(inner: Arc<dyn crate::store::Store>, metrics: Arc<Metrics>) -> Self {
         MeteredStore { inner, metrics }
     }
 
@@ -180,21 +265,28 @@ impl crate::store::Store for MeteredStore {
         )
         .await
     }
-    async fn create(
+    async fn create_with_ttl(
         &self,
         key: &str,
         value: Vec<u8>,
+        ttl: Option<Duration>,
     ) -> crate::store::Result<crate::store::KeyValue> {
-        self.timed("create", self.inner.create(key, value)).await
+        self.timed("create", self.inner.create_with_ttl(key, value, ttl))
+            .await
     }
-    async fn update(
+    async fn update_with_ttl(
         &self,
         key: &str,
         value: Vec<u8>,
         expected_revision: i64,
+        ttl: Option<Duration>,
     ) -> crate::store::Result<crate::store::KeyValue> {
-        self.timed("update", self.inner.update(key, value, expected_revision))
-            .await
+        self.timed(
+            "update",
+            self.inner
+                .update_with_ttl(key, value, expected_revision, ttl),
+        )
+        .await
     }
     async fn delete(
         &self,
@@ -230,19 +322,90 @@ impl crate::store::Store for MeteredStore {
 mod tests {
     use super::*;
 
+    fn kind(method: Method, path: &str) -> RequestKind {
+        RequestKind::of(&method, &request::parse_path(path), &Query::default())
+    }
+
     #[test]
     fn renders_prometheus_text() {
         let m = Metrics::default();
-        m.observe_request("GET", "pods", 200, Duration::from_millis(3));
+        m.observe_request(
+            kind(Method::GET, "/api/v1/pods"),
+            200,
+            Duration::from_millis(3),
+        );
+        m.observe_store("sqlite", "list", Duration::from_millis(1));
         {
             let _w = m.watcher();
             assert!(m.render().contains("apiserver_current_watchers 1"));
         }
         let text = m.render();
         assert!(
-            text.contains("apiserver_request_total{verb=\"GET\",resource=\"pods\",code=\"200\"} 1")
+            text.contains(
+                "apiserver_request_total{verb=\"LIST\",resource=\"pods\",code=\"200\"} 1"
+            ),
+            "{text}"
         );
-        assert!(text.contains("apiserver_request_duration_seconds_bucket{verb=\"GET\",resource=\"pods\",code=\"200\",le=\"0.005\"} 1"));
+        // prometheus-client writes `le` before the family's labels.
+        assert!(text.contains("apiserver_request_duration_seconds_bucket{le=\"0.005\",verb=\"LIST\",resource=\"pods\",code=\"200\"} 1"), "{text}");
+        assert!(text.contains("apiserver_request_duration_seconds_bucket{le=\"+Inf\",verb=\"LIST\",resource=\"pods\",code=\"200\"} 1"));
+        assert!(text.contains("apiserver_request_duration_seconds_count{verb=\"LIST\",resource=\"pods\",code=\"200\"} 1"));
+        assert!(text.contains("# TYPE apiserver_request_duration_seconds histogram"));
+        assert!(text.contains(
+            "# HELP apiserver_current_watchers Number of currently open watch requests.\n"
+        ));
         assert!(text.contains("apiserver_current_watchers 0"));
+        assert!(text.contains(
+            "skiff_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"list\"} 1"
+        ));
+    }
+
+    #[test]
+    fn labels_come_from_the_route() {
+        assert_eq!(
+            kind(Method::GET, "/apis/apps/v1/namespaces/a/deployments/d"),
+            RequestKind {
+                verb: "GET",
+                resource: "deployments"
+            }
+        );
+        assert_eq!(
+            kind(Method::GET, "/api/v1/inj\"},evil=\"1"),
+            RequestKind {
+                verb: "LIST",
+                resource: "unknown"
+            }
+        );
+        assert_eq!(
+            kind(Method::from_bytes(b"BREW").unwrap(), "/healthz"),
+            RequestKind {
+                verb: "UNKNOWN",
+                resource: ""
+            }
+        );
+        assert_eq!(
+            kind(Method::POST, "/version"),
+            RequestKind {
+                verb: "POST",
+                resource: ""
+            }
+        );
+    }
+
+    #[test]
+    fn unauthenticated_requests_share_one_label_set() {
+        let m = Metrics::default();
+        for path in ["/api/v1/pods", "/api/v1/x1", "/random"] {
+            m.observe_request(kind(Method::GET, path), 401, Duration::ZERO);
+        }
+        let text = m.render();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total"))
+            .collect();
+        assert_eq!(
+            series,
+            ["apiserver_request_total{verb=\"UNKNOWN\",resource=\"unknown\",code=\"401\"} 3"]
+        );
     }
 }

@@ -1,19 +1,16 @@
 //! The HTTPS front: TLS with optional client certificates verified against
 //! the cluster CA, HTTP/1.1 and HTTP/2, and a shutdown that drains.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use skiff_daemon::{limits, serve};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::apiserver::{status::ApiError, ApiConfig, ApiServer};
 use crate::auth::{authn, Authenticator};
@@ -62,6 +59,8 @@ pub struct ServerHandle {
     /// watch streams hold receivers.
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    /// The store compactor (when `--etcd-compaction-interval` is not 0).
+    compactor: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ServerHandle {
@@ -70,6 +69,9 @@ impl ServerHandle {
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
+        if let Some(c) = self.compactor {
+            let _ = c.await;
+        }
     }
 }
 
@@ -144,17 +146,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     let serving = pki.serving_cert(&sans)?;
     let tls = tls_config(&pki, &serving)?;
 
-    let host = if cfg.bind_address.is_unspecified() {
-        "127.0.0.1".to_string()
-    } else {
-        cfg.bind_address.to_string()
-    };
-    let host = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host
-    };
-    let url = format!("https://{host}:{}", addr.port());
+    let url = local_url(cfg.bind_address, addr.port());
     let admin_kubeconfig = pki.write_admin_kubeconfig(&cfg.data_dir, &url)?;
 
     let authn = match &cfg.token_auth_file {
@@ -169,10 +161,16 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         ApiConfig {
             service_cidr: cfg.service_cidr,
             advertise: Some((advertise_ip(cfg), addr.port())),
-            default_toleration_seconds: crate::apiserver::defaults::DefaultTolerationSeconds {
+            default_toleration_seconds: crate::apiserver::admission::DefaultTolerationSeconds {
                 not_ready: cfg.default_not_ready_toleration_seconds,
                 unreachable: cfg.default_unreachable_toleration_seconds,
             },
+            event_ttl: cfg.event_ttl,
+            inflight: crate::apiserver::inflight::Inflight::new(
+                cfg.max_requests_inflight,
+                cfg.max_mutating_requests_inflight,
+                cfg.request_timeout,
+            ),
         },
         authn,
         metrics,
@@ -182,6 +180,13 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         .map_err(Error::Tls)?;
     api.set_cluster_ca(pki.ca_pem());
     api.start_background().await?;
+    let compactor = cfg.compaction_interval.map(|interval| {
+        tokio::spawn(store::compactor::run(
+            api.store().clone(),
+            interval,
+            shutdown_rx.clone(),
+        ))
+    });
 
     tracing::info!(
         url = %url,
@@ -189,10 +194,19 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         "skiff-server listening; admin kubeconfig at {}",
         admin_kubeconfig.display()
     );
+    let fd_limit = limits::raise_fd_limit().unwrap_or_else(|e| {
+        tracing::warn!("could not raise the open-files limit: {e}");
+        1024
+    });
+    let conns = limits::ConnectionLimits::new(
+        limits::connection_cap(cfg.max_connections, fd_limit),
+        cfg.max_connections_per_source,
+    );
     let task = tokio::spawn(accept_loop(
         listener,
         tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
         api.clone(),
+        conns,
         shutdown_rx,
     ));
     Ok(ServerHandle {
@@ -202,6 +216,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         api,
         shutdown: shutdown_tx,
         task,
+        compactor,
     })
 }
 
@@ -239,71 +254,46 @@ async fn accept_loop(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     api: Arc<ApiServer>,
+    limits: Arc<limits::ConnectionLimits>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            res = listener.accept() => match res {
-                Ok((tcp, _peer)) => {
-                    let _ = tcp.set_nodelay(true);
-                    conns.spawn(serve_conn(tcp, acceptor.clone(), api.clone(), shutdown.clone()));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = shutdown.changed() => break,
+    let make = move |cert: Option<&[u8]>| {
+        let peer = cert.and_then(authn::identity_from_cert);
+        let api = api.clone();
+        move |req: hyper::Request<Incoming>| {
+            let api = api.clone();
+            let peer = peer.clone();
+            async move { api.handle(req.map(Body::new), peer).await }
         }
-    }
-    drop(listener);
-    // Connections drain on their own (graceful HTTP shutdown); give up on
-    // stragglers after a grace period.
-    let drain = async { while conns.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(5), drain)
-        .await
-        .is_err()
-    {
-        conns.abort_all();
-    }
+    };
+    let stopped = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    serve::serve(listener, acceptor, limits, make, stopped).await;
     tracing::info!("skiff-server stopped serving");
 }
 
-async fn serve_conn(
-    tcp: tokio::net::TcpStream,
-    acceptor: tokio_rustls::TlsAcceptor,
-    api: Arc<ApiServer>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "TLS handshake failed");
-            return;
-        }
-        Err(_) => return,
+/// The URL a client on this machine reaches a server bound to `bind` on
+/// `port` at (loopback when it binds every address).
+pub fn local_url(bind: std::net::IpAddr, port: u16) -> String {
+    let host = if bind.is_unspecified() {
+        "127.0.0.1".to_string()
+    } else if bind.is_ipv6() {
+        format!("[{bind}]")
+    } else {
+        bind.to_string()
     };
-    let peer = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .and_then(|c| authn::identity_from_cert(c.as_ref()));
-    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-        let api = api.clone();
-        let peer = peer.clone();
-        async move { Ok::<_, Infallible>(api.handle(req.map(Body::new), peer).await) }
-    });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        _ = shutdown.changed() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
-        }
-    }
+    format!("https://{host}:{port}")
+}
+
+/// The URL the server running on `cfg`'s data dir serves at, as it wrote
+/// it into `admin.kubeconfig` (the port it really got, when it asked for
+/// any); from the configuration when it has not run yet.
+pub fn serving_url(cfg: &Config) -> String {
+    let written = kube::config::Kubeconfig::read_from(cfg.data_dir.join("admin.kubeconfig"))
+        .ok()
+        .and_then(|kc| kc.clusters.into_iter().next())
+        .and_then(|c| c.cluster)
+        .and_then(|c| c.server);
+    written.unwrap_or_else(|| local_url(cfg.bind_address, cfg.secure_port))
 }

@@ -35,20 +35,25 @@ fn install_crypto() {
 impl TestServer {
     /// A server on SQLite in a fresh temp dir.
     pub async fn start() -> TestServer {
-        Self::start_inner(None).await
+        Self::start_with_settings(None, Settings::default()).await
     }
 
     /// A server on `store` (etcd tests).
     pub async fn start_with_store(store: Arc<dyn Store>) -> TestServer {
-        Self::start_inner(Some(store)).await
+        Self::start_with_settings(Some(store), Settings::default()).await
     }
 
-    async fn start_inner(external_store: Option<Arc<dyn Store>>) -> TestServer {
+    /// A server on `store` (or SQLite in the temp dir) with `settings`
+    /// over the fixture's own (for example a short compaction interval).
+    pub async fn start_with_settings(
+        external_store: Option<Arc<dyn Store>>,
+        settings: Settings,
+    ) -> TestServer {
         install_crypto();
         let dir = tempfile::tempdir().expect("temp dir");
         let tokens = dir.path().join("tokens.csv");
         std::fs::write(&tokens, format!("{USER_TOKEN},token-user,1001\n")).expect("token file");
-        let flags = Settings {
+        let flags = settings.or(Settings {
             data_dir: Some(dir.path().join("data")),
             bind_address: Some("127.0.0.1".into()),
             secure_port: Some(0),
@@ -57,7 +62,7 @@ impl TestServer {
             cluster_cidr: Some("198.18.0.0/16".into()),
             token_auth_file: Some(tokens),
             ..Default::default()
-        };
+        });
         let cfg = Config::resolve(flags, None).expect("config");
         let mut s = TestServer {
             dir,
@@ -141,7 +146,21 @@ impl TestServer {
     /// Run kubectl with `kubeconfig`, its discovery cache inside the test dir.
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
         let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "/usr/bin/kubectl".into());
-        let cache = self.dir.path().join("kube-cache");
+        self.kubectl_binary(&kubectl, kubeconfig, args, stdin)
+    }
+
+    /// [`TestServer::kubectl_as`] with the kubectl binary at `kubectl` (a
+    /// versioned one, say).
+    pub fn kubectl_binary(
+        &self,
+        kubectl: &str,
+        kubeconfig: &Path,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Output {
+        // Versions cache discovery differently: one cache each.
+        let name = Path::new(kubectl).file_name().unwrap_or_default();
+        let cache = self.dir.path().join("kube-cache").join(name);
         let mut cmd = Command::new(kubectl);
         cmd.env("KUBECONFIG", kubeconfig)
             .env("HOME", self.dir.path())

@@ -431,7 +431,8 @@ async fn health_metrics_discovery_and_openapi() {
     let (code, _, body) = raw(&c, "GET", "/metrics", "application/json", vec![]).await;
     assert_eq!(code, 200);
     let text = body.as_str().unwrap();
-    assert!(text.contains("apiserver_request_duration_seconds_bucket{verb=\"LIST\",resource=\"pods\",code=\"200\""), "{text}");
+    // prometheus-client writes the bucket's `le` before the family's labels.
+    assert!(text.contains("apiserver_request_duration_seconds_bucket{le=\"+Inf\",verb=\"LIST\",resource=\"pods\",code=\"200\"}"), "{text}");
     assert!(text.contains("apiserver_request_total"));
     assert!(text.contains("apiserver_current_watchers"));
     assert!(text.contains(
@@ -530,4 +531,25 @@ async fn garbage_never_breaks_the_server() {
     }
     let (code, _, _) = raw(&c, "GET", "/readyz", "application/json", vec![]).await;
     assert_eq!(code, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_service_takes_no_cluster_ip() {
+    let s = TestServer::start().await;
+    let c = s.client().await;
+    let services = "/api/v1/namespaces/default/services";
+    let svc = |name: &str, node_port: i64| {
+        serde_json::to_vec(
+            &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"type": "NodePort", "clusterIP": "198.19.77.7",
+                "ports": [{"port": 80, "nodePort": node_port}]}}),
+        )
+        .unwrap()
+    };
+    // The NodePort is out of range: refused after the ClusterIP was taken,
+    // which must go back to the pool with the refusal.
+    let (code, _, body) = raw(&c, "POST", services, "application/json", svc("a", 80)).await;
+    assert_eq!(code, 422, "{body}");
+    let (code, _, body) = raw(&c, "POST", services, "application/json", svc("b", 30080)).await;
+    assert_eq!(code, 201, "the refused service kept its ClusterIP: {body}");
 }

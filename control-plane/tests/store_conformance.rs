@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use skiff_control_plane::store::compactor::{Compactor, COMPACT_REV_KEY};
 use skiff_control_plane::store::{
     Error, EtcdStore, Event, KeyValue, SqliteStore, Store, WatchStream, SQLITE_FILE,
 };
@@ -243,12 +244,202 @@ async fn conformance(store: Arc<dyn Store>, p: &str) {
     }
 }
 
+/// An update to the bytes already stored writes nothing: same revision,
+/// no event; a changed value after it is the next event.
+async fn noop_updates(store: Arc<dyn Store>, p: &str) {
+    let k = format!("{p}/noop");
+    let kv = store.create(&k, b"same".to_vec()).await.unwrap();
+    let rev = store.current_revision().await.unwrap();
+    let mut w = store.watch(&format!("{p}/"), rev).await.unwrap();
+    let again = store.update(&k, b"same".to_vec(), kv.mod_revision).await;
+    assert_eq!(
+        again.unwrap(),
+        kv,
+        "a no-op update answers the stored value"
+    );
+    let with_ttl = store
+        .update_with_ttl(
+            &k,
+            b"same".to_vec(),
+            kv.mod_revision,
+            Some(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(with_ttl, kv);
+    assert_eq!(
+        store.current_revision().await.unwrap(),
+        rev,
+        "no revision written"
+    );
+    // the compare-and-swap still holds for a no-op
+    assert!(matches!(
+        store
+            .update(&k, b"same".to_vec(), kv.mod_revision - 1)
+            .await,
+        Err(Error::Conflict { .. })
+    ));
+    let changed = store
+        .update(&k, b"changed".to_vec(), kv.mod_revision)
+        .await
+        .unwrap();
+    assert!(changed.mod_revision > rev);
+    match next_event(&mut w).await {
+        Event::Put { kv: got, prev } => {
+            assert_eq!(got, changed, "the first event is the real change");
+            assert_eq!(prev.map(|p| p.value), Some(b"same".to_vec()));
+        }
+        other => panic!("expected the update, got {other:?}"),
+    }
+    // the key did not pick up the no-op's TTL
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(store.get(&k).await.unwrap().is_some());
+}
+
+/// Keys written with a TTL go with a normal delete once it passes; a
+/// rewrite without a TTL ends the expiry, one with a TTL restarts it.
+async fn ttl_expiry(store: Arc<dyn Store>, p: &str) {
+    let ttl = Some(Duration::from_secs(2));
+    let rev = store.current_revision().await.unwrap();
+    let mut w = store.watch(&format!("{p}/ttl/"), rev).await.unwrap();
+    let gone = store
+        .create_with_ttl(&format!("{p}/ttl/gone"), b"e".to_vec(), ttl)
+        .await
+        .unwrap();
+    let kept = store
+        .create_with_ttl(&format!("{p}/ttl/kept"), b"e".to_vec(), ttl)
+        .await
+        .unwrap();
+    let kept = store
+        .update(&kept.key, b"no ttl now".to_vec(), kept.mod_revision)
+        .await
+        .unwrap();
+    let plain = store
+        .create(&format!("{p}/ttl/plain"), b"p".to_vec())
+        .await
+        .unwrap();
+    let later = store
+        .create(&format!("{p}/ttl/later"), b"l".to_vec())
+        .await
+        .unwrap();
+    let later = store
+        .update_with_ttl(&later.key, b"l2".to_vec(), later.mod_revision, ttl)
+        .await
+        .unwrap();
+    let mut deleted = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while deleted.len() < 2 {
+        let ev = tokio::time::timeout_at(deadline, w.next())
+            .await
+            .expect("expired keys deleted within 15 s")
+            .expect("watch open")
+            .expect("watch event");
+        if let Event::Delete { prev, .. } = ev {
+            deleted.push(prev);
+        }
+    }
+    deleted.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(
+        deleted,
+        vec![gone.clone(), later],
+        "watchers see DELETED with the last value"
+    );
+    assert_eq!(store.get(&gone.key).await.unwrap(), None);
+    assert_eq!(store.get(&kept.key).await.unwrap(), Some(kept));
+    assert_eq!(store.get(&plain.key).await.unwrap(), Some(plain));
+}
+
+/// Two compactors on one store (two servers on one etcd) take turns
+/// through the compact key: each successful turn compacts to the revision
+/// of the turn before, a turn that finds the other's write only takes
+/// note, and when one stops the other carries on.
+async fn compactors_take_turns(store: Arc<dyn Store>, p: &str) {
+    let write = |i: usize| {
+        let store = store.clone();
+        let k = format!("{p}/turns/{i}");
+        async move { store.create(&k, b"t".to_vec()).await.unwrap() }
+    };
+    let (mut a, mut b) = (Compactor::default(), Compactor::default());
+    assert_eq!(
+        a.turn(store.as_ref()).await.unwrap(),
+        None,
+        "no compaction on the first turn"
+    );
+    let first = store
+        .get(COMPACT_REV_KEY)
+        .await
+        .unwrap()
+        .expect("compact key written");
+    assert_eq!(
+        b.turn(store.as_ref()).await.unwrap(),
+        None,
+        "b finds a's key"
+    );
+    let old = write(0).await;
+    let r1 = store.current_revision().await.unwrap();
+    let compacted = a.turn(store.as_ref()).await.unwrap();
+    assert_eq!(
+        compacted,
+        Some(first.mod_revision),
+        "a compacts to its previous turn"
+    );
+    assert!(matches!(
+        store
+            .list(
+                &format!("{p}/turns/"),
+                None,
+                0,
+                Some(first.mod_revision - 1)
+            )
+            .await,
+        Err(Error::Compacted { .. })
+    ));
+    assert_eq!(
+        store
+            .list(&format!("{p}/turns/"), None, 0, Some(old.mod_revision))
+            .await
+            .unwrap()
+            .kvs,
+        vec![old]
+    );
+    assert_eq!(
+        b.turn(store.as_ref()).await.unwrap(),
+        None,
+        "b lost the turn to a"
+    );
+    write(1).await;
+    let second = a
+        .turn(store.as_ref())
+        .await
+        .unwrap()
+        .expect("a compacts again");
+    assert!(second > r1);
+    // a stops; b's first turn finds a's last write, its next one compacts.
+    assert_eq!(b.turn(store.as_ref()).await.unwrap(), None);
+    write(2).await;
+    let noted = store.current_revision().await.unwrap();
+    let taken = b.turn(store.as_ref()).await.unwrap().expect("b takes over");
+    assert!(
+        taken > second && taken <= noted,
+        "{taken} in ({second}, {noted}]"
+    );
+    assert!(matches!(
+        store
+            .list(&format!("{p}/turns/"), None, 0, Some(taken - 1))
+            .await,
+        Err(Error::Compacted { .. })
+    ));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_conformance_and_durability() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(SQLITE_FILE);
     let store = SqliteStore::open(&path).await.unwrap();
     conformance(Arc::new(store.clone()), "/registry/conformance").await;
+    noop_updates(Arc::new(store.clone()), "/registry/noop").await;
+    ttl_expiry(Arc::new(store.clone()), "/registry/ttl").await;
+    compactors_take_turns(Arc::new(store.clone()), "/registry/compactors").await;
 
     // durability across reopen: values, revisions, history and counter
     let rev = store.current_revision().await.unwrap();
@@ -281,7 +472,10 @@ async fn sqlite_conformance_and_durability() {
 async fn etcd_conformance() {
     let etcd = EtcdCluster::start();
     let store = EtcdStore::connect(&etcd.endpoints()).await.unwrap();
-    conformance(Arc::new(store), "/registry/conformance").await;
+    conformance(Arc::new(store.clone()), "/registry/conformance").await;
+    noop_updates(Arc::new(store.clone()), "/registry/noop").await;
+    ttl_expiry(Arc::new(store.clone()), "/registry/ttl").await;
+    compactors_take_turns(Arc::new(store), "/registry/compactors").await;
 }
 
 /// A watcher that does not read while thousands of commits go by is not

@@ -111,18 +111,26 @@ struct Figures {
 }
 
 impl Figures {
-    fn new((lat, wall): load::Timings, used: cpu::Used) -> Figures {
-        Figures {
+    /// # Errors
+    /// When no operation succeeded: there is nothing to measure, and a
+    /// ratio against it would be meaningless (the failures were printed
+    /// as they happened).
+    fn new((lat, wall): load::Timings, used: cpu::Used) -> anyhow::Result<Figures> {
+        anyhow::ensure!(
+            !lat.is_empty(),
+            "the phase completed no operation; every one failed (see the errors above)"
+        );
+        Ok(Figures {
             p50: percentile(&lat, 0.5),
             p99: percentile(&lat, 0.99),
             per_s: lat.len() as f64 / wall.as_secs_f64().max(1e-9),
             n: lat.len(),
             used,
-        }
+        })
     }
 
     /// The figures of several runs of one phase taken together.
-    fn merge(runs: Vec<(load::Timings, cpu::Used)>) -> Figures {
+    fn merge(runs: Vec<(load::Timings, cpu::Used)>) -> anyhow::Result<Figures> {
         let mut lat = Vec::new();
         let mut wall = Duration::ZERO;
         let mut used = cpu::Used::default();
@@ -168,7 +176,10 @@ async fn measured(
     (timings, cpu::Mark::now(pid).used_since(&start))
 }
 
-async fn phase(pid: u32, f: impl std::future::Future<Output = load::Timings>) -> Figures {
+async fn phase(
+    pid: u32,
+    f: impl std::future::Future<Output = load::Timings>,
+) -> anyhow::Result<Figures> {
     let (timings, used) = measured(pid, f).await;
     Figures::new(timings, used)
 }
@@ -335,7 +346,9 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // 0. the cheapest request
-    let floor = phase(pid, pods.floor(args.pods, args.concurrency)).await;
+    let floor = phase(pid, pods.floor(args.pods, args.concurrency))
+        .await
+        .context("floor (GET /version)")?;
     floor.print("API floor (GET /version)");
     // 1. creates through the API alternating with the same number of
     // writes straight into a store of the same kind, in this process (so
@@ -352,9 +365,9 @@ async fn main() -> anyhow::Result<()> {
         api_runs.push(measured(pid, pods.creates(first, bodies, args.concurrency)).await);
         store_runs.push(measured(pid, bench_raw_writes(store.clone(), n, args.concurrency)).await);
     }
-    let create = Figures::merge(api_runs);
+    let create = Figures::merge(api_runs).context("API creates")?;
     create.print("API create");
-    let raw = Figures::merge(store_runs);
+    let raw = Figures::merge(store_runs).context("raw store writes")?;
     raw.print("store create");
     let ratio = create.per_s / raw.per_s.max(1e-9);
     println!("API/store create throughput ratio: {ratio:.3}");
@@ -380,9 +393,12 @@ async fn main() -> anyhow::Result<()> {
         pid,
         pods.gets(args.gets.unwrap_or(args.pods), args.pods, args.concurrency),
     )
-    .await;
+    .await
+    .context("API gets")?;
     get.print("API get   ");
-    let list = phase(pid, pods.lists(args.lists, args.concurrency)).await;
+    let list = phase(pid, pods.lists(args.lists, args.concurrency))
+        .await
+        .context("label-selected lists")?;
     list.print("API list (label selector, pages of 100)");
     let (listed, full_list) = pods.full_list().await?;
     println!("API full list of {listed} pods: {:.1} ms", ms(full_list));

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use skiff_control_plane::apiserver::{convert, defaults, objects, resources, validation};
+use skiff_control_plane::apiserver::{admission, convert, model, objects, resources, validation};
 
 use crate::load::pod_json;
 
@@ -26,13 +26,13 @@ pub fn run(n: usize) -> anyhow::Result<()> {
     let mut pod = pod_json(1);
     pod["metadata"]["namespace"] = json!("default");
     let body = serde_json::to_vec(&pod)?;
-    let tolerations = defaults::DefaultTolerationSeconds::default();
+    let tolerations = admission::DefaultTolerationSeconds::default();
     let mut spent = [Duration::ZERO; STAGES.len()];
     let mut raw = Duration::ZERO;
     let mut stored = 0;
     for _ in 0..n {
         let mut marks = [Instant::now(); STAGES.len() + 1];
-        let mut obj = validation::decode_json_body(def, &body)
+        let mut obj = model::decode_json_body(def, &body)
             .ok_or_else(|| anyhow::anyhow!("the benchmark's pod does not decode"))?;
         marks[1] = Instant::now();
         let meta = obj["metadata"].as_object_mut().expect("a pod has metadata");
@@ -40,8 +40,8 @@ pub fn run(n: usize) -> anyhow::Result<()> {
         meta.insert("creationTimestamp".into(), json!(objects::now_rfc3339()));
         obj["status"] = json!({"phase": "Pending", "qosClass": "Burstable"});
         marks[2] = Instant::now();
-        defaults::apply(def, &mut obj);
-        defaults::default_tolerations(def, &mut obj, &tolerations);
+        def.strategy.default(&mut obj);
+        admission::default_tolerations(&mut obj, &tolerations);
         marks[3] = Instant::now();
         let causes = validation::validate(def, &obj);
         anyhow::ensure!(

@@ -14,9 +14,9 @@ pub fn version() -> Value {
         "major": "1",
         "minor": KUBE_MINOR,
         "gitVersion": format!("v1.{KUBE_MINOR}.0-skiff.{}", env!("CARGO_PKG_VERSION")),
-        "gitCommit": "skiff",
-        "gitTreeState": "clean",
-        "buildDate": "2026-01-01T00:00:00Z",
+        "gitCommit": env!("SKIFF_GIT_COMMIT"),
+        "gitTreeState": env!("SKIFF_GIT_TREE_STATE"),
+        "buildDate": env!("SKIFF_BUILD_DATE"),
         "goVersion": "rust",
         "compiler": "rustc",
         "platform": format!("{}/{}", std::env::consts::OS, if cfg!(target_arch = "x86_64") { "amd64" } else { std::env::consts::ARCH }),
@@ -53,7 +53,7 @@ pub fn group(g: &str) -> Option<Value> {
 fn resource_json(r: &ResourceDef) -> Value {
     let mut v = json!({
         "name": r.plural,
-        "singularName": r.singular,
+        "singularName": r.singular(),
         "namespaced": r.namespaced,
         "kind": r.kind,
         "verbs": r.verbs(),
@@ -77,11 +77,11 @@ pub fn group_version(group: &str, version: &str) -> Option<Value> {
     let mut list = Vec::new();
     for r in rs {
         list.push(resource_json(r));
-        for (sub, kind, verbs) in r.subresources() {
-            let mut s = json!({"name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced, "kind": kind, "verbs": verbs});
-            if sub == "scale" {
-                s["group"] = json!("autoscaling");
-                s["version"] = json!("v1");
+        for sub in r.subresources() {
+            let mut s = json!({"name": format!("{}/{}", r.plural, sub.name), "singularName": "", "namespaced": r.namespaced, "kind": sub.kind, "verbs": sub.verbs});
+            if let Some((group, version)) = sub.group_version {
+                s["group"] = json!(group);
+                s["version"] = json!(version);
             }
             list.push(s);
         }
@@ -116,16 +116,16 @@ pub fn aggregated(core: bool) -> Value {
                     let subs: Vec<Value> = r
                         .subresources()
                         .into_iter()
-                        .map(|(sub, kind, verbs)| {
-                            let (sg, sv) = if sub == "scale" { ("autoscaling", "v1") } else { (r.group, r.version) };
-                            json!({"subresource": sub, "responseKind": {"group": sg, "version": sv, "kind": kind}, "verbs": verbs})
+                        .map(|sub| {
+                            let (sg, sv) = sub.group_version.unwrap_or((r.group, r.version));
+                            json!({"subresource": sub.name, "responseKind": {"group": sg, "version": sv, "kind": sub.kind}, "verbs": sub.verbs})
                         })
                         .collect();
                     let mut v = json!({
                         "resource": r.plural,
                         "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
                         "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
-                        "singularResource": r.singular,
+                        "singularResource": r.singular(),
                         "verbs": r.verbs(),
                         "subresources": subs,
                     });

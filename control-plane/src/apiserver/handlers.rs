@@ -10,15 +10,15 @@ use bytes::Bytes;
 use http::Response;
 use serde_json::{json, Value};
 
-use super::convert;
+use super::ipalloc::Allocation;
 use super::objects::{self, meta_mut};
 use super::patch::{self, PatchType};
-use super::resources::{self, ResourceDef};
+use super::resources::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause};
+use super::{admission, convert, model, options, order, table, validation};
 use super::{
-    check_type_meta, decode_body, defaults, json_response, media_type, table, validation,
-    with_warnings, ApiServer, Req,
+    check_type_meta, decode_body, json_response, media_type, with_warnings, ApiServer, Req,
 };
 use crate::store::{self, KeyValue};
 
@@ -96,8 +96,11 @@ fn decode_continue(token: &str, prefix: &str) -> ApiResult<(i64, String)> {
 pub(crate) fn selectors(r: &Req) -> ApiResult<(LabelSelector, FieldSelector)> {
     let ls = LabelSelector::parse(r.query.get("labelSelector").unwrap_or(""))
         .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
-    let fs = FieldSelector::parse(r.query.get("fieldSelector").unwrap_or(""), r.def.kind)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let fs = FieldSelector::parse(
+        r.query.get("fieldSelector").unwrap_or(""),
+        r.def.strategy.selectable_fields(),
+    )
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok((ls, fs))
 }
 
@@ -127,11 +130,16 @@ pub(crate) async fn list_raw(
             .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
         None => 0,
     };
+    let rv = options::resource_version(&r.query)?;
+    let exact = options::exact_match(&r.query, rv)?;
     let (mut revision, mut start_after) = match r.query.get("continue") {
         Some(tok) => {
             let (rev, key) = decode_continue(tok, &prefix)?;
             (Some(rev), Some(key))
         }
+        // Any other resourceVersion is served by the newest state, which is
+        // never older than it (NotOlderThan, upstream's default).
+        None if exact => (rv, None),
         None => (None, None),
     };
     let select_all = ls.is_empty() && fs.is_empty();
@@ -162,6 +170,14 @@ pub(crate) async fn list_raw(
             .await
         {
             Ok(p) => p,
+            Err(store::Error::Compacted {
+                requested,
+                compacted,
+            }) if exact => {
+                return Err(ApiError::gone(format!(
+                    "too old resource version: {requested} ({compacted})"
+                )));
+            }
             Err(store::Error::Compacted { .. }) if r.query.get("continue").is_some() => {
                 return Err(ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list."));
             }
@@ -217,13 +233,14 @@ pub(crate) async fn list(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Bo
         Vec::with_capacity(kvs.iter().map(|kv| kv.value.len() + 32).sum::<usize>() + 256);
     body.extend_from_slice(
         format!(
-            r#"{{"kind":"{}","apiVersion":"{}","metadata":{},"items":["#,
+            r#"{{"kind":"{}","apiVersion":"{}","metadata":"#,
             r.def.list_kind(),
             r.def.api_version(),
-            meta
         )
         .as_bytes(),
     );
+    body.extend_from_slice(&order::typed_to_vec(&meta, "meta.ListMeta"));
+    body.extend_from_slice(br#","items":["#);
     let mut first = true;
     for kv in &kvs {
         let spliced = if convert::converts(r.def) {
@@ -234,7 +251,7 @@ pub(crate) async fn list(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Bo
         let item = match spliced {
             Some(b) => b,
             None => match convert::decode(r.def, &kv.value, kv.mod_revision) {
-                Some(v) => serde_json::to_vec(&v).unwrap_or_default(),
+                Some(v) => order::to_vec(&v),
                 None => continue,
             },
         };
@@ -248,30 +265,45 @@ pub(crate) async fn list(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Bo
     Ok(super::bytes_response(200, body))
 }
 
-/// Unknown fields under `fieldValidation`: Strict fails, Warn (the
-/// default) warns, Ignore drops them silently. Returns the warnings.
-fn field_validation(r: &Req, unknown: &[String]) -> ApiResult<Vec<String>> {
-    if unknown.is_empty() {
+/// Unknown or duplicate fields under `fieldValidation`: Strict fails,
+/// Warn (the default) warns, Ignore drops them silently. `problems` are
+/// messages like `unknown field "spec.x"`; returns the warnings.
+fn field_validation(r: &Req, problems: Vec<String>) -> ApiResult<Vec<String>> {
+    if problems.is_empty() {
         return Ok(Vec::new());
     }
-    let msgs: Vec<String> = unknown
-        .iter()
-        .map(|f| format!("unknown field {f:?}"))
-        .collect();
     match r.query.get("fieldValidation").unwrap_or("Warn") {
         "Strict" => Err(ApiError::bad_request(format!(
             "strict decoding error: {}",
-            msgs.join(", ")
+            problems.join(", ")
         ))),
         "Ignore" => Ok(Vec::new()),
-        _ => Ok(msgs),
+        _ => Ok(problems),
     }
+}
+
+/// The write's options, validated, and what `fieldValidation` makes of
+/// fields a JSON body names twice (which decoding would silently drop).
+///
+/// # Errors
+/// 422 for bad options; 400 under Strict for a duplicate field.
+fn check_write(r: &Req, write: options::Write, body: &[u8]) -> ApiResult<Vec<String>> {
+    if options::write(&r.query, write)? == options::FieldValidation::Ignore
+        || !media_type(r.content_type()).ends_with("json")
+    {
+        return Ok(Vec::new());
+    }
+    let duplicates = model::duplicate_fields(body)
+        .into_iter()
+        .map(|f| format!("duplicate field {f:?}"))
+        .collect();
+    field_validation(r, duplicates)
 }
 
 /// Decode through the typed model; returns the canonical object and the
 /// fieldValidation warnings.
 fn typed(r: &Req, obj: &Value) -> ApiResult<(Value, Vec<String>)> {
-    let (canonical, unknown) = validation::decode_typed(r.def, obj).map_err(|e| {
+    let (canonical, unknown) = model::decode_typed(r.def, obj).map_err(|e| {
         ApiError::bad_request(format!(
             "{} in version {:?} cannot be handled as a {}: {e}",
             r.def.kind,
@@ -279,7 +311,11 @@ fn typed(r: &Req, obj: &Value) -> ApiResult<(Value, Vec<String>)> {
             r.def.kind
         ))
     })?;
-    let warnings = field_validation(r, &unknown)?;
+    let unknown = unknown
+        .iter()
+        .map(|f| format!("unknown field {f:?}"))
+        .collect();
+    let warnings = field_validation(r, unknown)?;
     Ok((canonical, warnings))
 }
 
@@ -287,48 +323,21 @@ fn is_dry_run(r: &Req) -> bool {
     r.query.0.get("dryRun").is_some_and(|v| v == "All")
 }
 
-/// Namespace lifecycle admission: the namespace must exist and not be
-/// terminating for anything to be created in it.
-async fn check_namespace(api: &ApiServer, ns: &str) -> ApiResult<()> {
-    // A namespace seen active within the last second is taken as still
-    // active (upstream's lifecycle admission reads an informer cache, which
-    // lags the same way); deletes of namespaces clear the entry.
-    if api.namespace_recently_active(ns) {
-        return Ok(());
-    }
-    let key = format!("/registry/core/namespaces/{ns}");
-    let kv = api.store.get(&key).await.map_err(ApiError::from)?;
-    let Some(kv) = kv else {
-        return Err(ApiError::not_found("", "namespaces", ns));
-    };
-    let v: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
-    if objects::has_deletion_timestamp(&v) || v["status"]["phase"] == "Terminating" {
-        return Err(ApiError {
-            details: Some(
-                json!({"name": ns, "kind": "namespaces", "causes": [{"reason": "NamespaceTerminating", "message": format!("namespace {ns} is being terminated"), "field": "metadata.namespace"}]}),
-            ),
-            ..ApiError::forbidden(format!(
-                "unable to create new content in namespace {ns} because it is being terminated"
-            ))
-        });
-    }
-    api.note_namespace_active(ns);
-    Ok(())
-}
-
 pub(crate) async fn create(
     api: &Arc<ApiServer>,
     r: &Req,
     body: Bytes,
 ) -> ApiResult<Response<Body>> {
+    let mut warnings = check_write(r, options::Write::Create, &body)?;
     // The common case first: a JSON body that the kind's model takes whole
     // is decoded once, straight into it.
     let json = media_type(r.content_type()) == "application/json";
-    let (obj, canonical) = match json.then(|| validation::decode_json_body(r.def, &body)) {
+    let (obj, canonical) = match json.then(|| model::decode_json_body(r.def, &body)) {
         Some(Some(obj)) => (obj, true),
         _ => (decode_body(&body, r.content_type())?, false),
     };
-    let (obj, warnings, stored) = create_value_stored(api, r, obj, canonical).await?;
+    let (obj, more, stored) = create_value_stored(api, r, obj, canonical).await?;
+    warnings.extend(more);
     // The plain JSON answer is the bytes just stored with the revision
     // spliced in: no second serialization of the object.
     let plain = !convert::converts(r.def)
@@ -419,256 +428,34 @@ async fn create_value_stored(
             m.remove("generation");
         }
     }
-    reset_status_on_create(def, &mut obj);
-    defaults::apply(def, &mut obj);
-    defaults::default_tolerations(def, &mut obj, &api.default_toleration_seconds);
-    if def.is("batch", "jobs") {
-        job_selector(&mut obj);
-    }
+    def.strategy.prepare_for_create(r, &mut obj);
+    def.strategy.default(&mut obj);
+    admission::mutate_create(api, r, &mut obj);
     let causes = validation::validate(def, &obj);
     if !causes.is_empty() {
         return Err(ApiError::invalid(def.kind, def.group, &name, causes));
     }
-    if let Some(node) = r.node() {
-        super::node_admit(node, &r.attrs, None, Some(&obj)).map_err(ApiError::forbidden)?;
-    }
-    if def.namespaced {
-        check_namespace(api, objects::namespace(&obj).unwrap_or_default()).await?;
-    }
-    let allocated = if def.is("", "services") {
-        allocate_service(api, &mut obj, None)?
-    } else {
-        Vec::new()
-    };
+    admission::validate(api, r, None, Some(&obj)).await?;
+    def.strategy.authorize_write(api, r, None, &obj).await?;
+    let allocated = def.strategy.allocate(api, &mut obj, None)?;
     if is_dry_run(r) {
-        release(api, &allocated);
+        allocated.release(&api.ips);
         return Ok((obj, warnings, None));
     }
     let key = def.key(objects::namespace(&obj), &name);
-    match api.store.create(&key, convert::encode(def, &obj)).await {
+    let ttl = def.strategy.ttl(api);
+    match api
+        .store
+        .create_with_ttl(&key, convert::encode(def, &obj), ttl)
+        .await
+    {
         Ok(kv) => {
             meta_mut(&mut obj).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
             Ok((obj, warnings, Some((kv.value, kv.mod_revision))))
         }
         Err(e) => {
-            release(api, &allocated);
+            allocated.release(&api.ips);
             Err(ApiError::from_store(e, def.group, def.plural, &name))
-        }
-    }
-}
-
-/// Status is the controllers' to write: a new object starts with an empty
-/// one (nodes keep theirs: the kubelet registers with its capacity).
-fn reset_status_on_create(def: &ResourceDef, obj: &mut Value) {
-    match (def.group, def.kind) {
-        ("", "Pod") => obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(obj)}),
-        ("", "Node") | ("", "Namespace") => {}
-        ("", "Service") => obj["status"] = json!({"loadBalancer": {}}),
-        _ if def.status => {
-            if let Some(m) = obj.as_object_mut() {
-                m.insert("status".into(), json!({}));
-            }
-        }
-        _ => {}
-    }
-}
-
-/// The pod's QoS class, computed from requests and limits as upstream does.
-fn qos_class(pod: &Value) -> &'static str {
-    let cs: Vec<&Value> = ["containers", "initContainers"]
-        .iter()
-        .flat_map(|f| pod["spec"][*f].as_array().into_iter().flatten())
-        .collect();
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in &cs {
-        let req = c["resources"]["requests"].as_object();
-        let lim = c["resources"]["limits"].as_object();
-        if req.is_some_and(|m| !m.is_empty()) || lim.is_some_and(|m| !m.is_empty()) {
-            any = true;
-        }
-        for res in ["cpu", "memory"] {
-            let l = lim.and_then(|m| m.get(res));
-            let q = req.and_then(|m| m.get(res)).or(l);
-            if l.is_none() || q != l {
-                guaranteed = false;
-            }
-        }
-    }
-    if !any {
-        "BestEffort"
-    } else if guaranteed {
-        "Guaranteed"
-    } else {
-        "Burstable"
-    }
-}
-
-/// Jobs get a generated selector on their own uid (unless manualSelector),
-/// and the template gets the matching labels.
-fn job_selector(obj: &mut Value) {
-    if obj["spec"]["manualSelector"].as_bool() == Some(true) {
-        return;
-    }
-    let uid = obj["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let name = obj["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    obj["spec"]["selector"] = json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}});
-    let tmpl = &mut obj["spec"]["template"];
-    if !tmpl["metadata"].is_object() {
-        tmpl["metadata"] = json!({});
-    }
-    if !tmpl["metadata"]["labels"].is_object() {
-        tmpl["metadata"]["labels"] = json!({});
-    }
-    let labels = &mut tmpl["metadata"]["labels"];
-    labels["batch.kubernetes.io/controller-uid"] = json!(uid);
-    labels["batch.kubernetes.io/job-name"] = json!(name);
-    labels["controller-uid"] = json!(uid);
-    labels["job-name"] = json!(name);
-}
-
-/// What was allocated for a service, to release on failure.
-#[derive(Debug)]
-pub(crate) enum Allocated {
-    Ip(String),
-    Port(u16),
-}
-
-fn release(api: &ApiServer, allocated: &[Allocated]) {
-    for a in allocated {
-        match a {
-            Allocated::Ip(ip) => api.ips.release(ip),
-            Allocated::Port(p) => api.ips.release_port(*p),
-        }
-    }
-}
-
-/// ClusterIP and NodePorts for a service; on update, `old` keeps its own.
-pub(crate) fn allocate_service(
-    api: &ApiServer,
-    obj: &mut Value,
-    old: Option<&Value>,
-) -> ApiResult<Vec<Allocated>> {
-    let name = objects::name(obj).unwrap_or_default().to_string();
-    let invalid = |field: &str, value: &str, e: super::ipalloc::Error| {
-        ApiError::invalid(
-            "Service",
-            "",
-            &name,
-            vec![Cause::invalid(field, value, &e.to_string())],
-        )
-    };
-    let mut out = Vec::new();
-    let ty = obj["spec"]["type"]
-        .as_str()
-        .unwrap_or("ClusterIP")
-        .to_string();
-    if ty == "ExternalName" {
-        return Ok(out);
-    }
-    let old_ip = old
-        .and_then(|o| o["spec"]["clusterIP"].as_str())
-        .unwrap_or_default()
-        .to_string();
-    let want = obj["spec"]["clusterIP"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let ip = if !old_ip.is_empty() && (want.is_empty() || want == old_ip) {
-        old_ip
-    } else if !old_ip.is_empty() {
-        return Err(ApiError::invalid(
-            "Service",
-            "",
-            &name,
-            vec![Cause::invalid(
-                "spec.clusterIPs[0]",
-                &want,
-                "may not change once set",
-            )],
-        ));
-    } else if want == "None" {
-        "None".to_string()
-    } else {
-        let want_ip = if want.is_empty() {
-            None
-        } else {
-            Some(want.parse().map_err(|_| {
-                ApiError::invalid(
-                    "Service",
-                    "",
-                    &name,
-                    vec![Cause::invalid(
-                        "spec.clusterIP",
-                        &want,
-                        "must be a valid IP address",
-                    )],
-                )
-            })?)
-        };
-        let ip = api
-            .ips
-            .allocate(want_ip)
-            .map_err(|e| invalid("spec.clusterIPs", &want, e))?
-            .to_string();
-        out.push(Allocated::Ip(ip.clone()));
-        ip
-    };
-    obj["spec"]["clusterIP"] = json!(ip);
-    obj["spec"]["clusterIPs"] = json!([ip]);
-    if ip != "None" || obj["spec"]["ipFamilies"].is_null() {
-        obj["spec"]["ipFamilies"] = json!(["IPv4"]);
-        obj["spec"]["ipFamilyPolicy"] = json!("SingleStack");
-    }
-    if matches!(ty.as_str(), "NodePort" | "LoadBalancer") {
-        let old_ports: Vec<(i64, i64)> = old
-            .and_then(|o| o["spec"]["ports"].as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|p| Some((p["port"].as_i64()?, p["nodePort"].as_i64()?)))
-            .collect();
-        if let Some(ports) = obj["spec"]["ports"].as_array_mut() {
-            for (i, p) in ports.iter_mut().enumerate() {
-                let port = p["port"].as_i64().unwrap_or(0);
-                let keep = old_ports
-                    .iter()
-                    .find(|(op, _)| *op == port)
-                    .map(|(_, np)| *np);
-                // 0 means "unset" (protobuf clients send it for an absent port).
-                match (p["nodePort"].as_i64().filter(|n| *n != 0), keep) {
-                    (Some(np), Some(k)) if np == k => {}
-                    (None, Some(k)) => p["nodePort"] = json!(k),
-                    (want, _) => {
-                        let np = api.ips.allocate_port(want.map(|w| w as u16)).map_err(|e| {
-                            invalid(
-                                &format!("spec.ports[{i}].nodePort"),
-                                &want.unwrap_or(0).to_string(),
-                                e,
-                            )
-                        })?;
-                        out.push(Allocated::Port(np));
-                        p["nodePort"] = json!(np);
-                    }
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn release_service(api: &ApiServer, svc: &Value) {
-    if let Some(ip) = svc["spec"]["clusterIP"].as_str() {
-        api.ips.release(ip);
-    }
-    for p in svc["spec"]["ports"].as_array().into_iter().flatten() {
-        if let Some(np) = p["nodePort"].as_i64() {
-            api.ips.release_port(np as u16);
         }
     }
 }
@@ -720,13 +507,7 @@ pub(crate) fn prepare_update(
         let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
         meta_mut(&mut new).insert("generation".into(), json!(g));
     }
-    if def.is("batch", "jobs") && new["spec"]["selector"].is_null() {
-        new["spec"]["selector"] = old["spec"]["selector"].clone();
-    }
-    // A CSR's spec is what was requested, and by whom: it never changes.
-    if def.is("", "namespaces") || def.is("certificates.k8s.io", "certificatesigningrequests") {
-        new["spec"] = old["spec"].clone();
-    }
+    def.strategy.prepare_for_update(old, &mut new);
     new
 }
 
@@ -748,51 +529,50 @@ pub(crate) async fn write_update(
 ) -> ApiResult<Attempt> {
     let def = r.def;
     let name = r.name().to_string();
-    if r.sub.is_none() {
-        defaults::apply(def, &mut new);
+    let main = r.sub.is_none();
+    if main {
+        def.strategy.default(&mut new);
     }
-    let causes = validation::validate(def, &new);
+    let causes = if main {
+        validation::validate_update(def, old, &new)
+    } else {
+        validation::validate(def, &new)
+    };
     if !causes.is_empty() {
         return Err(ApiError::invalid(def.kind, def.group, &name, causes));
     }
-    if let Some(node) = r.node() {
-        super::node_admit(node, &r.attrs, Some(old), Some(&new)).map_err(ApiError::forbidden)?;
-    }
-    let allocated = if def.is("", "services") && r.sub.is_none() {
-        allocate_service(api, &mut new, Some(old))?
+    admission::validate(api, r, Some(old), Some(&new)).await?;
+    def.strategy
+        .authorize_write(api, r, Some(old), &new)
+        .await?;
+    let allocated = if main {
+        def.strategy.allocate(api, &mut new, Some(old))?
     } else {
-        Vec::new()
+        Allocation::default()
     };
     if is_dry_run(r) {
-        release(api, &allocated);
+        allocated.release(&api.ips);
         return Ok(Attempt::Done(new));
     }
     // Finalizers gone from an object being deleted: it goes now.
     let finished = objects::has_deletion_timestamp(&new)
         && objects::finalizers(&new).is_empty()
-        && !(def.is("", "pods")
-            && new["metadata"]["deletionGracePeriodSeconds"]
-                .as_i64()
-                .unwrap_or(0)
-                > 0)
-        && !(def.is("", "namespaces")
-            && new["spec"]["finalizers"]
-                .as_array()
-                .is_some_and(|f| !f.is_empty()));
+        && !def.strategy.holds_deletion(&new);
     let result = api
         .store
-        .update(&cur.key, convert::encode(def, &new), cur.mod_revision)
+        .update_with_ttl(
+            &cur.key,
+            convert::encode(def, &new),
+            cur.mod_revision,
+            def.strategy.ttl(api),
+        )
         .await;
     match result {
         Ok(kv) => {
             meta_mut(&mut new).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
             if finished {
                 match api.store.delete(&kv.key, Some(kv.mod_revision)).await {
-                    Ok(_) => {
-                        if def.is("", "services") {
-                            release_service(api, &new);
-                        }
-                    }
+                    Ok(_) => def.strategy.release(api, &new),
                     Err(store::Error::Conflict { .. } | store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(store_err(r, e)),
                 }
@@ -800,11 +580,11 @@ pub(crate) async fn write_update(
             Ok(Attempt::Done(new))
         }
         Err(store::Error::Conflict { .. }) if !precondition => {
-            release(api, &allocated);
+            allocated.release(&api.ips);
             Ok(Attempt::Retry)
         }
         Err(e) => {
-            release(api, &allocated);
+            allocated.release(&api.ips);
             Err(store_err(r, e))
         }
     }
@@ -815,6 +595,7 @@ pub(crate) async fn update(
     r: &Req,
     body: Bytes,
 ) -> ApiResult<Response<Body>> {
+    let duplicates = check_write(r, options::Write::Update, &body)?;
     let mut obj = decode_body(&body, r.content_type())?;
     check_type_meta(r.def, &mut obj)?;
     if let Some(n) = objects::name(&obj) {
@@ -831,7 +612,8 @@ pub(crate) async fn update(
             return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
         }
     }
-    let (obj, warnings) = typed(r, &obj)?;
+    let (obj, mut warnings) = typed(r, &obj)?;
+    warnings.extend(duplicates);
     let sent_rv = objects::meta_str(&obj, "resourceVersion").map(String::from);
     for _ in 0..RETRIES {
         let (cur, old) = get_object(api, r).await?;
@@ -854,13 +636,15 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
     if body.is_empty() {
         return Err(ApiError::bad_request("the patch body is empty"));
     }
+    let duplicates = check_write(r, options::Write::Patch(pt), &body)?;
     for _ in 0..RETRIES {
         let (cur, old) = match get_object(api, r).await {
             Ok(x) => x,
             // Server-side apply creates what is missing.
             Err(e) if e.code == 404 && pt == PatchType::Apply && r.sub.is_none() => {
                 let obj = decode_body(&body, "application/yaml")?;
-                let (obj, warnings) = create_value(api, r, obj).await?;
+                let (obj, mut warnings) = create_value(api, r, obj).await?;
+                warnings.extend(duplicates);
                 return Ok(with_warnings(object_response(r, 201, &obj), &warnings));
             }
             Err(e) => return Err(e),
@@ -883,7 +667,8 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
                 "the patch may not change metadata.name",
             ));
         }
-        let (patched, warnings) = typed(r, &patched)?;
+        let (patched, mut warnings) = typed(r, &patched)?;
+        warnings.extend(duplicates.iter().cloned());
         let new = prepare_update(r.def, r.sub.as_deref(), &old, patched);
         if let Attempt::Done(v) = write_update(api, r, &cur, &old, new, false).await? {
             return Ok(with_warnings(object_response(r, 200, &v), &warnings));
@@ -894,7 +679,7 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
 
 /// DeleteOptions from the body and query.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct DeleteOptions {
+pub struct DeleteOptions {
     pub grace: Option<i64>,
     pub uid: Option<String>,
     pub resource_version: Option<String>,
@@ -902,11 +687,17 @@ pub(crate) struct DeleteOptions {
 }
 
 pub(crate) fn delete_options(r: &Req, body: &[u8]) -> ApiResult<DeleteOptions> {
+    options::delete(&r.query)?;
     let mut o = DeleteOptions::default();
     if !body.is_empty() {
-        let v: Value = serde_json::from_slice(body)
-            .or_else(|_| serde_yaml::from_slice(body))
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        // kubectl sends its delete and drain bodies as protobuf.
+        let v: Value = if media_type(r.content_type()) == "application/vnd.kubernetes.protobuf" {
+            decode_body(body, r.content_type())?
+        } else {
+            serde_json::from_slice(body)
+                .or_else(|_| serde_yaml::from_slice(body))
+                .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+        };
         o.grace = v["gracePeriodSeconds"].as_i64();
         o.uid = v["preconditions"]["uid"].as_str().map(String::from);
         o.resource_version = v["preconditions"]["resourceVersion"]
@@ -962,63 +753,9 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
                 return Err(ApiError::conflict(r.def.group, r.def.plural, r.name(), &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", cur.mod_revision)));
             }
         }
-        if let Some(node) = r.node() {
-            super::node_admit(node, &r.attrs, Some(&old), None).map_err(ApiError::forbidden)?;
-        }
+        admission::validate(api, r, Some(&old), None).await?;
         let mut marked = old.clone();
-        let mut keep = false;
-        let now = objects::now_rfc3339();
-        if r.def.is("", "namespaces") {
-            api.forget_namespace(r.name());
-            // The namespace controller empties it, then clears spec.finalizers.
-            if !objects::has_deletion_timestamp(&old) {
-                meta_mut(&mut marked).insert("deletionTimestamp".into(), json!(now));
-                meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
-            }
-            marked["status"]["phase"] = json!("Terminating");
-            keep = marked["spec"]["finalizers"]
-                .as_array()
-                .is_some_and(|f| !f.is_empty())
-                || !objects::finalizers(&marked).is_empty();
-        } else {
-            let mut finalizers = objects::finalizers(&old);
-            let add = match opts.propagation.as_deref() {
-                Some("Foreground") => Some("foregroundDeletion"),
-                Some("Orphan") => Some("orphan"),
-                _ => None,
-            };
-            if let Some(f) = add {
-                if !objects::has_deletion_timestamp(&old) && !finalizers.iter().any(|x| x == f) {
-                    finalizers.push(f.to_string());
-                    meta_mut(&mut marked).insert("finalizers".into(), json!(finalizers));
-                }
-            }
-            if r.def.is("", "pods") {
-                let grace = pod_grace(&old, opts.grace);
-                if grace > 0 {
-                    let current = old["metadata"]["deletionGracePeriodSeconds"].as_i64();
-                    // A second delete may only shorten the grace period.
-                    if current.is_none_or(|c| grace < c) {
-                        let at = chrono::Utc::now() + chrono::Duration::seconds(grace);
-                        let ts = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-                        meta_mut(&mut marked).insert("deletionTimestamp".into(), json!(ts));
-                        meta_mut(&mut marked)
-                            .insert("deletionGracePeriodSeconds".into(), json!(grace));
-                    }
-                    keep = true;
-                } else if objects::has_deletion_timestamp(&old) {
-                    meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(0));
-                }
-            }
-            if !finalizers.is_empty() {
-                if !objects::has_deletion_timestamp(&marked) {
-                    meta_mut(&mut marked).insert("deletionTimestamp".into(), json!(now));
-                    let g = opts.grace.unwrap_or(0);
-                    meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), json!(g));
-                }
-                keep = true;
-            }
-        }
+        let keep = r.def.strategy.mark_deleted(api, &mut marked, opts);
         if is_dry_run(r) {
             return Ok(marked);
         }
@@ -1042,9 +779,7 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
         }
         match api.store.delete(&cur.key, Some(cur.mod_revision)).await {
             Ok((_, rev)) => {
-                if r.def.is("", "services") {
-                    release_service(api, &old);
-                }
+                r.def.strategy.release(api, &old);
                 let mut shown = old;
                 meta_mut(&mut shown).insert("resourceVersion".into(), json!(rev.to_string()));
                 return Ok(shown);
@@ -1054,26 +789,6 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
         }
     }
     Err(ApiError::stale(r.def.group, r.def.plural, r.name()))
-}
-
-/// The grace period a pod deletion gets: none for pods never bound to a
-/// node or already finished (nothing runs that must stop).
-fn pod_grace(pod: &Value, asked: Option<i64>) -> i64 {
-    let bound = pod["spec"]["nodeName"]
-        .as_str()
-        .is_some_and(|n| !n.is_empty());
-    let phase = pod["status"]["phase"].as_str().unwrap_or_default();
-    if !bound || phase == "Succeeded" || phase == "Failed" {
-        return 0;
-    }
-    let g = asked.unwrap_or_else(|| {
-        pod["spec"]["terminationGracePeriodSeconds"]
-            .as_i64()
-            .unwrap_or(30)
-    });
-    // Upstream turns a requested 0 into 1 for bound pods unless forced; the
-    // node then finishes the deletion right away. Honour 0 as immediate.
-    g.max(0)
 }
 
 pub(crate) async fn delete_collection(
@@ -1105,10 +820,4 @@ pub(crate) async fn delete_collection(
         200,
         &json!({"kind": r.def.list_kind(), "apiVersion": r.def.api_version(), "metadata": {"resourceVersion": rev.to_string()}, "items": deleted}),
     ))
-}
-
-/// Resource definitions kubectl may name by kind in bodies (unused kinds
-/// fall back to the URL's).
-pub fn def_for(group: &str, kind: &str) -> Option<&'static ResourceDef> {
-    resources::by_kind(group, kind)
 }

@@ -1,5 +1,10 @@
 //! `/healthz`, `/livez`, `/readyz`: `ok`, or with `?verbose` one line per
-//! check (`[+]sqlite ok`), as upstream formats them.
+//! check (`[+]sqlite ok`), as upstream formats them; and the health of the
+//! components the server runs beside it (`componentstatuses`).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use http::Response;
@@ -64,4 +69,39 @@ pub(crate) async fn check(api: &ApiServer, path: &str, query: &Query) -> Respons
         out.push_str(&format!("{endpoint} check passed\n"));
     }
     text_response(code, out, "text/plain; charset=utf-8")
+}
+
+/// Whether each component running beside the server (scheduler,
+/// controller manager) is up: set by whoever starts them, read by
+/// `componentstatuses`.
+#[derive(Debug, Default)]
+pub struct ComponentHealth(Mutex<BTreeMap<&'static str, Result<(), String>>>);
+
+impl ComponentHealth {
+    pub fn set(&self, name: &'static str, health: Result<(), String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, health);
+    }
+
+    /// `component`, reported healthy while it runs and not once it ended.
+    pub fn track<F: Future<Output = ()>>(
+        self: &Arc<Self>,
+        name: &'static str,
+        component: F,
+    ) -> impl Future<Output = ()> {
+        let me = self.clone();
+        me.set(name, Ok(()));
+        async move {
+            component.await;
+            me.set(name, Err(format!("{name} stopped")));
+        }
+    }
+
+    /// Every known component and its health, by name.
+    pub fn all(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
 }

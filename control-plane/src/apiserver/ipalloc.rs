@@ -179,6 +179,34 @@ impl Allocator {
     }
 }
 
+/// What one write took from an [`Allocator`], to give back if the write
+/// fails.
+#[derive(Debug, Default)]
+pub struct Allocation {
+    ips: Vec<String>,
+    ports: Vec<u16>,
+}
+
+impl Allocation {
+    pub fn ip(&mut self, ip: String) {
+        self.ips.push(ip);
+    }
+
+    pub fn port(&mut self, port: u16) {
+        self.ports.push(port);
+    }
+
+    /// Return everything to `to`.
+    pub fn release(self, to: &Allocator) {
+        for ip in &self.ips {
+            to.release(ip);
+        }
+        for p in self.ports {
+            to.release_port(p);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,34 +3,43 @@
 //! # Layout
 //! - [`request`]: URL -> what is asked (discovery, resource, non-resource)
 //! - [`resources`]: the table of served kinds
-//! - [`handlers`]: get/list/create/update/patch/delete over the store
-//! - [`subresources`]: status, scale, binding, eviction, finalize
-//! - [`csr`]: CertificateSigningRequests: requester, approval, issuing
+//! - [`handlers`]: the generic verbs (get/list/create/update/patch/delete)
+//!   over the store; they never test for a kind
+//! - [`strategy`]: each kind's rules (defaults, validation, allocation,
+//!   deletion, its own subresources, table columns), reached from its row
+//! - [`model`]: each kind's typed model (canonical JSON, unknown fields)
+//! - [`admission`]: the built-in admission plugins around every write
+//! - [`subresources`]: generic status and scale, dispatch to the kinds' own
 //! - [`nodeproxy`]: pods/log, exec, attach, portforward proxied to the node
 //! - [`watch`]: watch streams with bookmarks and 410 Gone
-//! - [`patch`], [`defaults`], [`validation`], [`selectors`]: object semantics
+//! - [`patch`], [`defaults`], [`validation`], [`selectors`], [`convert`]:
+//!   object semantics several kinds share
 //! - [`table`]: server-side printing; [`discovery`], [`openapi`]: documents
 //! - [`health`]: /healthz, /livez, /readyz; [`bootstrap`]: first-start objects
 
+pub mod admission;
 pub mod bootstrap;
 pub mod convert;
-pub mod csr;
 pub mod defaults;
 pub mod discovery;
 pub mod handlers;
 pub mod health;
+pub mod inflight;
 pub mod ipalloc;
+pub mod model;
 pub mod nodeproxy;
 pub mod objects;
 pub mod openapi;
+pub mod options;
+pub mod order;
 pub mod patch;
 pub mod protobuf;
-#[rustfmt::skip]
-pub mod protobuf_schema;
 pub mod request;
 pub mod resources;
+pub mod review;
 pub mod selectors;
 pub mod status;
+pub mod strategy;
 pub mod subresources;
 pub mod table;
 pub mod validation;
@@ -48,7 +57,7 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use crate::auth::{self, node, rbac::Rbac, Attributes, Authenticator, Identity};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RequestKind};
 use crate::store::Store;
 use request::{Query, Target};
 use resources::ResourceDef;
@@ -66,7 +75,11 @@ pub struct ApiConfig {
     /// endpoints.
     pub advertise: Option<(std::net::IpAddr, u16)>,
     /// What the DefaultTolerationSeconds admission gives new pods.
-    pub default_toleration_seconds: defaults::DefaultTolerationSeconds,
+    pub default_toleration_seconds: admission::DefaultTolerationSeconds,
+    /// How long events live after their last write (`--event-ttl`).
+    pub event_ttl: Option<std::time::Duration>,
+    /// Requests in flight and their deadline.
+    pub inflight: inflight::Inflight,
 }
 
 /// The API server: shared by every connection.
@@ -77,7 +90,9 @@ pub struct ApiServer {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ips: ipalloc::Allocator,
     pub(crate) advertise: Option<(std::net::IpAddr, u16)>,
-    pub(crate) default_toleration_seconds: defaults::DefaultTolerationSeconds,
+    pub(crate) default_toleration_seconds: admission::DefaultTolerationSeconds,
+    pub(crate) event_ttl: Option<std::time::Duration>,
+    inflight: inflight::Inflight,
     /// Namespaces found active, and when (namespace lifecycle admission).
     active_namespaces: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
     /// Flips to true on shutdown; watch streams end when it does.
@@ -85,13 +100,16 @@ pub struct ApiServer {
     /// TLS towards node servers (the kubelet-client certificate); set once
     /// at start by [`ApiServer::set_kubelet_client`].
     pub(crate) node_tls: std::sync::OnceLock<Arc<rustls::ClientConfig>>,
+    /// The components running beside the server (`componentstatuses`).
+    pub components: Arc<health::ComponentHealth>,
     /// The cluster CA bundle (PEM) served to joining nodes at
     /// `/cacerts`; set once at start by [`ApiServer::set_cluster_ca`].
     pub(crate) cluster_ca: std::sync::OnceLock<String>,
 }
 
 /// A resource request after routing and authentication.
-pub(crate) struct Req {
+#[derive(Clone)]
+pub struct Req {
     pub def: &'static ResourceDef,
     pub ns: Option<String>,
     pub name: Option<String>,
@@ -145,9 +163,12 @@ impl ApiServer {
             ips: ipalloc::Allocator::new(cfg.service_cidr),
             advertise: cfg.advertise,
             default_toleration_seconds: cfg.default_toleration_seconds,
+            event_ttl: cfg.event_ttl,
+            inflight: cfg.inflight,
             active_namespaces: Default::default(),
             shutdown,
             node_tls: Default::default(),
+            components: Default::default(),
             cluster_ca: Default::default(),
         })
     }
@@ -214,13 +235,7 @@ impl ApiServer {
         let path = req.uri().path().to_string();
         let query = Query::parse(req.uri().query());
         let target = request::parse_path(&path);
-        let (verb, resource) = match &target {
-            Target::Resource(p) => (
-                request::verb(req.method(), p, &query).to_uppercase(),
-                p.resource.clone(),
-            ),
-            _ => (req.method().as_str().to_string(), String::new()),
-        };
+        let kind = RequestKind::of(req.method(), &target, &query);
         let fut = self.route(req, target, query, peer);
         let resp = match AssertUnwindSafe(fut).catch_unwind().await {
             Ok(Ok(r)) => r,
@@ -233,7 +248,7 @@ impl ApiServer {
             }
         };
         self.metrics
-            .observe_request(&verb, &resource, resp.status().as_u16(), start.elapsed());
+            .observe_request(kind, resp.status().as_u16(), start.elapsed());
         resp
     }
 
@@ -270,6 +285,38 @@ impl ApiServer {
             }
             None => return Err(ApiError::unauthorized()),
         };
+        let path_of = match &target {
+            Target::Resource(p) => Some(p),
+            _ => None,
+        };
+        match self
+            .inflight
+            .admit(&identity, &parts.method, path_of, &query)?
+        {
+            inflight::Admit::Unbounded => {
+                self.dispatch(parts, body, target, query, identity).await
+            }
+            inflight::Admit::Bounded {
+                _permit,
+                timeout: Some(t),
+            } => tokio::time::timeout(t, self.dispatch(parts, body, target, query, identity))
+                .await
+                .unwrap_or_else(|_| Err(inflight::timed_out())),
+            inflight::Admit::Bounded { _permit, .. } => {
+                self.dispatch(parts, body, target, query, identity).await
+            }
+        }
+    }
+
+    async fn dispatch(
+        self: &Arc<Self>,
+        parts: http::request::Parts,
+        body: Body,
+        target: Target,
+        query: Query,
+        identity: Identity,
+    ) -> ApiResult<Response<Body>> {
+        let path = parts.uri.path();
         match target {
             Target::Resource(p) => {
                 let verb = request::verb(&parts.method, &p, &query);
@@ -290,7 +337,7 @@ impl ApiServer {
                 {
                     return Err(ApiError::not_found_path(path));
                 }
-                if nodeproxy::proxied(def, p.subresource.as_deref()) && p.name.is_some() {
+                if def.node_serves(p.subresource.as_deref()) && p.name.is_some() {
                     let (ns, name) = (p.namespace.unwrap_or_default(), p.name.unwrap_or_default());
                     return nodeproxy::proxy(self, def, &ns, &name, parts, body).await;
                 }
@@ -360,7 +407,7 @@ impl ApiServer {
 
     /// RBAC, with system:masters, the CSR rules of joining nodes and the
     /// Node authorizer first.
-    async fn authorize(&self, id: &Identity, a: &Attributes) -> ApiResult<()> {
+    pub(crate) async fn authorize(&self, id: &Identity, a: &Attributes) -> ApiResult<()> {
         if id.in_group("system:masters") {
             return Ok(());
         }
@@ -442,22 +489,20 @@ impl ApiServer {
         if let Some(sub) = r.sub.clone() {
             return subresources::dispatch(self, method, r, &sub, body).await;
         }
-        if r.def.is_review() {
-            if *method != Method::POST || r.name.is_some() {
+        if let Some(computed) = r.def.computed {
+            if !computed.verbs.contains(&r.attrs.verb.as_str()) {
                 return Err(ApiError::method_not_allowed(format!(
-                    "only create is supported on {}",
+                    "only {} supported on {}",
+                    computed.verbs.join(" and "),
                     r.def.plural
                 )));
             }
-            return self.access_review(&r, body).await;
+            return (computed.serve)(self, method, &r, body).await;
         }
         match (method.clone(), r.name.is_some()) {
             (Method::GET, true) => handlers::get(self, &r).await,
             (Method::GET, false) if r.attrs.verb == "watch" => watch::serve(self, &r).await,
             (Method::GET, false) => handlers::list(self, &r).await,
-            (Method::POST, false) if r.def.is(auth::csr::GROUP, auth::csr::RESOURCE) => {
-                csr::create(self, &r, body).await
-            }
             (Method::POST, false) => handlers::create(self, &r, body).await,
             (Method::PUT, true) => handlers::update(self, &r, body).await,
             (Method::PATCH, true) => handlers::patch(self, &r, body).await,
@@ -468,63 +513,6 @@ impl ApiServer {
                 r.attrs.path
             ))),
         }
-    }
-}
-
-impl ApiServer {
-    /// Answer a (Self)SubjectAccessReview with the same authorizers that
-    /// guard requests.
-    async fn access_review(&self, r: &Req, body: Bytes) -> ApiResult<Response<Body>> {
-        let mut review = decode_body(&body, r.content_type())?;
-        check_type_meta(r.def, &mut review)?;
-        let spec = review.get("spec").cloned().unwrap_or(Value::Null);
-        let subject = if r.def.kind == "SelfSubjectAccessReview" {
-            r.identity.clone()
-        } else {
-            let groups = spec["groups"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|g| g.as_str().map(String::from))
-                .collect();
-            let mut id = Identity::new(spec["user"].as_str().unwrap_or_default(), groups);
-            id.uid = spec["uid"].as_str().unwrap_or_default().to_string();
-            id
-        };
-        let s = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
-        let attrs = if let Some(ra) = spec.get("resourceAttributes").filter(|v| v.is_object()) {
-            Attributes {
-                verb: s(ra, "verb"),
-                resource_request: true,
-                group: s(ra, "group"),
-                resource: s(ra, "resource"),
-                subresource: s(ra, "subresource"),
-                namespace: s(ra, "namespace"),
-                name: s(ra, "name"),
-                path: String::new(),
-            }
-        } else if let Some(nr) = spec.get("nonResourceAttributes").filter(|v| v.is_object()) {
-            Attributes {
-                verb: s(nr, "verb"),
-                path: s(nr, "path"),
-                ..Default::default()
-            }
-        } else {
-            return Err(ApiError::invalid(
-                r.def.kind,
-                r.def.group,
-                "",
-                vec![status::Cause::required("spec.resourceAttributes")],
-            ));
-        };
-        let (allowed, reason) = match self.authorize(&subject, &attrs).await {
-            Ok(()) => (true, "allowed".to_string()),
-            // Upstream's RBAC gives no reason for a denial: kubectl prints a plain "no".
-            Err(_) => (false, String::new()),
-        };
-        review["status"] = serde_json::json!({"allowed": allowed, "reason": reason});
-        review["metadata"] = serde_json::json!({"creationTimestamp": null});
-        Ok(json_response(201, &review))
     }
 }
 
@@ -588,9 +576,10 @@ pub(crate) fn json_response(code: u16, v: &Value) -> Response<Body> {
     json_response_ct(code, v, "application/json")
 }
 
-/// Already serialized JSON.
+/// Already serialized JSON (in upstream's order, as stored), ended with
+/// the newline upstream's encoder writes.
 pub(crate) fn bytes_response(code: u16, body: Vec<u8>) -> Response<Body> {
-    let mut resp = Response::new(Body::from(body));
+    let mut resp = Response::new(Body::from(order::with_newline(body)));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -599,8 +588,9 @@ pub(crate) fn bytes_response(code: u16, body: Vec<u8>) -> Response<Body> {
     resp
 }
 
+/// `v` as JSON in upstream's field order, with its newline.
 pub(crate) fn json_response_ct(code: u16, v: &Value, ct: &'static str) -> Response<Body> {
-    let body = serde_json::to_vec(v).unwrap_or_default();
+    let body = order::with_newline(order::to_vec(v));
     let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut()
@@ -620,7 +610,13 @@ pub(crate) fn error_response(e: &ApiError) -> Response<Body> {
     if e.code >= 500 {
         tracing::warn!(code = e.code, message = %e.message, "request failed");
     }
-    json_response(e.code, &e.to_status())
+    let mut resp = json_response(e.code, &e.to_status());
+    // Clients back off by the header; the Status carries the same number.
+    if let Some(secs) = e.details.as_ref().and_then(|d| d["retryAfterSeconds"].as_u64()) {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
 }
 
 /// Add `Warning` headers (fieldValidation=Warn and deprecations).
@@ -651,20 +647,18 @@ pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
         ));
     }
     let base = media_type(content_type);
-    let v: Value = if base.ends_with("yaml") {
-        serde_yaml::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
-    } else if base == "application/vnd.kubernetes.protobuf" {
-        protobuf::decode(body).map_err(|e| match e {
+    let v: Value = match base {
+        "application/yaml" => serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
+        "application/vnd.kubernetes.protobuf" => protobuf::decode(body).map_err(|e| match e {
             protobuf::Error::Unsupported(_) => ApiError::unsupported_media(base),
             e => ApiError::bad_request(e.to_string()),
-        })?
-    } else if base.contains("protobuf") || base.contains("cbor") {
-        return Err(ApiError::unsupported_media(base));
-    } else {
-        serde_json::from_slice(body).map_err(|e| {
+        })?,
+        "application/json" | "" => serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
-        })?
+        })?,
+        // Upstream serves these three (and CBOR, which is not served here).
+        other => return Err(ApiError::unsupported_media(other)),
     };
     if !v.is_object() {
         return Err(ApiError::bad_request(
@@ -697,5 +691,3 @@ pub(crate) fn check_type_meta(def: &ResourceDef, obj: &mut Value) -> ApiResult<(
     obj["kind"] = Value::String(def.kind.to_string());
     Ok(())
 }
-
-pub(crate) use auth::node::admit as node_admit;

@@ -32,13 +32,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The kubelet's port when a Node reports none.
 const DEFAULT_PORT: i64 = 10250;
 
-/// Whether `pods/<sub>` is served by the pod's node.
-pub(crate) fn proxied(def: &ResourceDef, sub: Option<&str>) -> bool {
-    def.group.is_empty()
-        && def.plural == "pods"
-        && matches!(sub, Some("log" | "exec" | "attach" | "portforward"))
-}
-
 impl ApiServer {
     /// Use `ck` (the kubelet-client certificate) towards node servers.
     ///

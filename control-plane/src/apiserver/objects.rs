@@ -114,7 +114,8 @@ pub fn decode_stored(value: &[u8], revision: i64) -> Option<Value> {
     Some(v)
 }
 
-/// Bytes to store: the object without `resourceVersion`.
+/// Bytes to store: the object without `resourceVersion`, in upstream's
+/// field order (answers splice these bytes).
 pub fn encode_for_store(obj: &Value) -> Vec<u8> {
     // Most writes carry no resourceVersion (create drops it): serialize
     // in place instead of deep-copying the object first.
@@ -123,53 +124,129 @@ pub fn encode_for_store(obj: &Value) -> Vec<u8> {
         .and_then(|m| m.get("resourceVersion"))
         .is_none()
     {
-        return serde_json::to_vec(obj).unwrap_or_default();
+        return super::order::to_vec(obj);
     }
     let mut v = obj.clone();
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
     }
-    serde_json::to_vec(&v).unwrap_or_default()
+    super::order::to_vec(&v)
 }
 
 /// Stored bytes with `metadata.resourceVersion` spliced in, without parsing
-/// the object (lists and gets are mostly this). None when the top-level
-/// `metadata` object is not found; callers then take the parsing path.
+/// the object (lists and gets are mostly this), where upstream puts it:
+/// after `name`, `generateName`, `namespace`, `selfLink` and `uid`. None
+/// when the top-level `metadata` object is not found; callers then take
+/// the parsing path.
 pub fn splice_resource_version(stored: &[u8], revision: i64) -> Option<Vec<u8>> {
     const PAT: &[u8] = b"\"metadata\":{";
-    let (mut depth, mut in_str, mut esc) = (0i32, false, false);
-    for (i, &c) in stored.iter().enumerate() {
-        if in_str {
-            if esc {
-                esc = false;
-            } else if c == b'\\' {
-                esc = true;
-            } else if c == b'"' {
-                in_str = false;
-            }
-            continue;
-        }
-        match c {
+    let mut i = 0;
+    let mut depth = 0i32;
+    while i < stored.len() {
+        match stored[i] {
             b'"' => {
                 if depth == 1 && stored[i..].starts_with(PAT) {
-                    let at = i + PAT.len();
+                    let at = after_identity(stored, i + PAT.len())?;
+                    let empty = stored.get(at) == Some(&b'}');
+                    let lead = at > i + PAT.len();
                     let mut out = Vec::with_capacity(stored.len() + 32);
                     out.extend_from_slice(&stored[..at]);
-                    out.extend_from_slice(format!("\"resourceVersion\":\"{revision}\"").as_bytes());
-                    if stored.get(at) != Some(&b'}') {
+                    if lead {
                         out.push(b',');
                     }
-                    out.extend_from_slice(&stored[at..]);
+                    out.extend_from_slice(format!("\"resourceVersion\":\"{revision}\"").as_bytes());
+                    if !empty {
+                        out.push(b',');
+                    }
+                    // Skip the comma that followed the last identity key.
+                    let rest = if lead && stored.get(at) == Some(&b',') {
+                        at + 1
+                    } else {
+                        at
+                    };
+                    out.extend_from_slice(&stored[rest..]);
                     return Some(out);
                 }
-                in_str = true;
+                i = skip_string(stored, i)?;
+                continue;
             }
             b'{' | b'[' => depth += 1,
             b'}' | b']' => depth -= 1,
             _ => {}
         }
+        i += 1;
     }
     None
+}
+
+/// The metadata keys that come before `resourceVersion` in Go's ObjectMeta.
+const BEFORE_RV: &[&[u8]] = &[b"name", b"generateName", b"namespace", b"selfLink", b"uid"];
+
+/// In the metadata object whose members start at `start`, the offset just
+/// after the last member that precedes `resourceVersion` (`start` when
+/// none does); there, at a `,` or the closing `}`, it goes in.
+fn after_identity(b: &[u8], start: usize) -> Option<usize> {
+    let mut pos = start;
+    loop {
+        if b.get(pos) != Some(&b'"') {
+            return Some(pos);
+        }
+        let key_end = skip_string(b, pos)?;
+        let key = &b[pos + 1..key_end - 1];
+        if !BEFORE_RV.contains(&key) {
+            return Some(pos.checked_sub(usize::from(pos > start))?);
+        }
+        // `"key":value`, then `,` or `}`.
+        let value_end = skip_value(b, key_end + 1)?;
+        match b.get(value_end) {
+            Some(b',') => pos = value_end + 1,
+            _ => return Some(value_end),
+        }
+    }
+}
+
+/// The offset after the JSON string that starts at `i` (a `"`).
+fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    while j < b.len() {
+        match b[j] {
+            b'\\' => j += 2,
+            b'"' => return Some(j + 1),
+            _ => j += 1,
+        }
+    }
+    None
+}
+
+/// The offset after the (compact) JSON value that starts at `i`.
+fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i;
+    let mut depth = 0i32;
+    while j < b.len() {
+        match b[j] {
+            b'"' => {
+                j = skip_string(b, j)?;
+                if depth == 0 {
+                    return Some(j);
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                if depth == 0 {
+                    return Some(j);
+                }
+                depth -= 1;
+                if depth == 0 {
+                    return Some(j + 1);
+                }
+            }
+            b',' if depth == 0 => return Some(j),
+            _ => {}
+        }
+        j += 1;
+    }
+    Some(j)
 }
 
 /// Just the metadata a selector on labels, name or namespace needs; serde
@@ -219,6 +296,32 @@ mod tests {
         assert_eq!(v["data"]["x"], "\"metadata\":{");
         let empty = splice_resource_version(br#"{"metadata":{}}"#, 3).unwrap();
         assert_eq!(empty, br#"{"metadata":{"resourceVersion":"3"}}"#);
+        // Where Go's ObjectMeta has it: after the identity, before the rest.
+        let cases: [(&[u8], &[u8]); 4] = [
+            (
+                br#"{"kind":"Pod","metadata":{"name":"p","namespace":"d","uid":"u","creationTimestamp":"t"},"spec":{}}"#,
+                br#"{"kind":"Pod","metadata":{"name":"p","namespace":"d","uid":"u","resourceVersion":"9","creationTimestamp":"t"},"spec":{}}"#,
+            ),
+            (
+                br#"{"metadata":{"name":"p","uid":"u"}}"#,
+                br#"{"metadata":{"name":"p","uid":"u","resourceVersion":"9"}}"#,
+            ),
+            (
+                br#"{"metadata":{"labels":{"name":"x"}}}"#,
+                br#"{"metadata":{"resourceVersion":"9","labels":{"name":"x"}}}"#,
+            ),
+            (
+                br#"{"metadata":{"name":"a\"b","generateName":"g-"}}"#,
+                br#"{"metadata":{"name":"a\"b","generateName":"g-","resourceVersion":"9"}}"#,
+            ),
+        ];
+        for (stored, want) in cases {
+            let got = splice_resource_version(stored, 9).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(want)
+            );
+        }
         assert!(splice_resource_version(br#"{"spec":{"metadata":{}}}"#, 3).is_none());
         assert_eq!(
             lite_metadata(br#"{"metadata":{"name":"n","labels":{"a":"b"}},"spec":{}}"#).unwrap()

@@ -88,46 +88,10 @@ fn schema_name(r: &ResourceDef) -> String {
 }
 
 fn schemas(group: &str, version: &str) -> Map<String, Value> {
-    use k8s_openapi::api::{
-        apps, batch, certificates, coordination, core, discovery, events, rbac,
-    };
     let mut gen = schemars::generate::SchemaSettings::openapi3().into_generator();
     for r in resources::in_group_version(group, version) {
-        match (r.group, r.kind) {
-            ("", "Namespace") => drop(gen.subschema_for::<core::v1::Namespace>()),
-            ("", "Node") => drop(gen.subschema_for::<core::v1::Node>()),
-            ("", "Pod") => drop(gen.subschema_for::<core::v1::Pod>()),
-            ("", "Service") => drop(gen.subschema_for::<core::v1::Service>()),
-            ("", "Endpoints") => drop(gen.subschema_for::<core::v1::Endpoints>()),
-            ("", "ConfigMap") => drop(gen.subschema_for::<core::v1::ConfigMap>()),
-            ("", "Secret") => drop(gen.subschema_for::<core::v1::Secret>()),
-            ("", "Event") => drop(gen.subschema_for::<core::v1::Event>()),
-            ("", "ServiceAccount") => drop(gen.subschema_for::<core::v1::ServiceAccount>()),
-            ("apps", "Deployment") => drop(gen.subschema_for::<apps::v1::Deployment>()),
-            ("apps", "ReplicaSet") => drop(gen.subschema_for::<apps::v1::ReplicaSet>()),
-            ("apps", "DaemonSet") => drop(gen.subschema_for::<apps::v1::DaemonSet>()),
-            ("batch", "Job") => drop(gen.subschema_for::<batch::v1::Job>()),
-            ("coordination.k8s.io", "Lease") => {
-                drop(gen.subschema_for::<coordination::v1::Lease>())
-            }
-            ("discovery.k8s.io", "EndpointSlice") => {
-                drop(gen.subschema_for::<discovery::v1::EndpointSlice>())
-            }
-            ("events.k8s.io", "Event") => drop(gen.subschema_for::<events::v1::Event>()),
-            ("rbac.authorization.k8s.io", "Role") => drop(gen.subschema_for::<rbac::v1::Role>()),
-            ("rbac.authorization.k8s.io", "RoleBinding") => {
-                drop(gen.subschema_for::<rbac::v1::RoleBinding>())
-            }
-            ("rbac.authorization.k8s.io", "ClusterRole") => {
-                drop(gen.subschema_for::<rbac::v1::ClusterRole>())
-            }
-            ("certificates.k8s.io", "CertificateSigningRequest") => {
-                drop(gen.subschema_for::<certificates::v1::CertificateSigningRequest>())
-            }
-            ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
-                drop(gen.subschema_for::<rbac::v1::ClusterRoleBinding>())
-            }
-            _ => {}
+        if let Some(m) = r.model {
+            m.add_schema(&mut gen);
         }
     }
     let mut defs = gen.take_definitions(true);

@@ -1,14 +1,23 @@
 //! The resource table: every kind the server serves, with what discovery,
 //! storage and printing need to know about it.
 
-/// One served resource (one group/version/plural).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+use std::marker::PhantomData;
+
+use k8s_openapi::api::{
+    apps, authorization, batch, certificates, coordination, core, discovery, events, rbac,
+};
+
+use super::model::{Model, Typed};
+use super::review;
+use super::strategy::{self, handler, Handler, Serve, Strategy, Subresource};
+
+/// One served resource (one group/version/plural): a row of [`RESOURCES`].
+#[derive(Clone, Copy)]
 pub struct ResourceDef {
     pub group: &'static str,
     pub version: &'static str,
     pub kind: &'static str,
     pub plural: &'static str,
-    pub singular: &'static str,
     pub namespaced: bool,
     pub short_names: &'static [&'static str],
     pub categories: &'static [&'static str],
@@ -17,269 +26,223 @@ pub struct ResourceDef {
     pub status: bool,
     /// Has a `/scale` subresource.
     pub scale: bool,
+    /// Computed per request and never stored: the verbs served and what
+    /// answers them (access reviews answer a create, component statuses a
+    /// get or a list).
+    pub computed: Option<Computed>,
+    /// The resource whose keys hold this one's objects, when not its own:
+    /// events.k8s.io Events live with the core ones.
+    pub stored_as: Option<(&'static str, &'static str)>,
+    /// The kind's typed model (None: the object is taken as sent).
+    pub model: Option<&'static dyn Model>,
+    /// The kind's rules.
+    pub strategy: &'static dyn Strategy,
 }
 
-const ALL: &[&str] = &["all"];
-const NONE: &[&str] = &[];
+impl std::fmt::Debug for ResourceDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ResourceDef({})", self.api_version_resource())
+    }
+}
 
-#[allow(clippy::too_many_arguments)] // a table row, read column by column
-const fn def(
-    group: &'static str,
-    kind: &'static str,
-    plural: &'static str,
-    singular: &'static str,
-    namespaced: bool,
-    short_names: &'static [&'static str],
-    categories: &'static [&'static str],
-    status: bool,
-    scale: bool,
-) -> ResourceDef {
+impl PartialEq for ResourceDef {
+    fn eq(&self, other: &Self) -> bool {
+        (self.group, self.version, self.plural) == (other.group, other.version, other.plural)
+    }
+}
+
+impl Eq for ResourceDef {}
+
+const ALL: &[&str] = &["all"];
+
+/// A row for k8s-openapi type `K` (its group, version, kind and plural):
+/// namespaced, no status, no short names, `K` as its model.
+const fn kind<K>() -> ResourceDef
+where
+    K: k8s_openapi::Resource + 'static,
+    Typed<K>: Model,
+{
     ResourceDef {
-        group,
-        version: "v1",
-        kind,
-        plural,
-        singular,
-        namespaced,
-        short_names,
-        categories,
-        status,
-        scale,
+        group: K::GROUP,
+        version: K::VERSION,
+        kind: K::KIND,
+        plural: K::URL_PATH_SEGMENT,
+        namespaced: true,
+        short_names: &[],
+        categories: &[],
+        status: false,
+        scale: false,
+        computed: None,
+        stored_as: None,
+        model: Some(&Typed::<K>(PhantomData)),
+        strategy: &strategy::Plain,
+    }
+}
+
+impl ResourceDef {
+    const fn cluster(self) -> Self {
+        ResourceDef {
+            namespaced: false,
+            ..self
+        }
+    }
+    const fn short(self, short_names: &'static [&'static str]) -> Self {
+        ResourceDef {
+            short_names,
+            ..self
+        }
+    }
+    /// In the `all` category (`kubectl get all`).
+    const fn all(self) -> Self {
+        ResourceDef {
+            categories: ALL,
+            ..self
+        }
+    }
+    const fn with_status(self) -> Self {
+        ResourceDef {
+            status: true,
+            ..self
+        }
+    }
+    const fn with_scale(self) -> Self {
+        ResourceDef {
+            scale: true,
+            ..self
+        }
+    }
+    const fn rules(self, strategy: &'static dyn Strategy) -> Self {
+        ResourceDef { strategy, ..self }
+    }
+    const fn stored_with(self, group: &'static str, plural: &'static str) -> Self {
+        ResourceDef {
+            stored_as: Some((group, plural)),
+            ..self
+        }
+    }
+    /// Answered by `serve` for `verbs`, never stored.
+    const fn computed(self, verbs: &'static [&'static str], serve: Handler) -> Self {
+        ResourceDef {
+            computed: Some(Computed { verbs, serve }),
+            ..self
+        }
     }
 }
 
 /// Every served resource. Core (`""`) first: kubectl's RESTMapper prefers the
 /// earlier group when two share a name (core `events` over `events.k8s.io`).
 pub static RESOURCES: &[ResourceDef] = &[
-    def(
-        "",
-        "Namespace",
-        "namespaces",
-        "namespace",
-        false,
-        &["ns"],
-        NONE,
-        true,
-        false,
-    ),
-    def(
-        "",
-        "Node",
-        "nodes",
-        "node",
-        false,
-        &["no"],
-        NONE,
-        true,
-        false,
-    ),
-    def("", "Pod", "pods", "pod", true, &["po"], ALL, true, false),
-    def(
-        "",
-        "Service",
-        "services",
-        "service",
-        true,
-        &["svc"],
-        ALL,
-        true,
-        false,
-    ),
-    def(
-        "",
-        "Endpoints",
-        "endpoints",
-        "endpoints",
-        true,
-        &["ep"],
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "",
-        "ConfigMap",
-        "configmaps",
-        "configmap",
-        true,
-        &["cm"],
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "", "Secret", "secrets", "secret", true, NONE, NONE, false, false,
-    ),
-    def(
-        "",
-        "Event",
-        "events",
-        "event",
-        true,
-        &["ev"],
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "",
-        "ServiceAccount",
-        "serviceaccounts",
-        "serviceaccount",
-        true,
-        &["sa"],
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "apps",
-        "Deployment",
-        "deployments",
-        "deployment",
-        true,
-        &["deploy"],
-        ALL,
-        true,
-        true,
-    ),
-    def(
-        "apps",
-        "ReplicaSet",
-        "replicasets",
-        "replicaset",
-        true,
-        &["rs"],
-        ALL,
-        true,
-        true,
-    ),
-    def(
-        "apps",
-        "DaemonSet",
-        "daemonsets",
-        "daemonset",
-        true,
-        &["ds"],
-        ALL,
-        true,
-        false,
-    ),
-    def("batch", "Job", "jobs", "job", true, NONE, ALL, true, false),
-    def(
-        "coordination.k8s.io",
-        "Lease",
-        "leases",
-        "lease",
-        true,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "discovery.k8s.io",
-        "EndpointSlice",
-        "endpointslices",
-        "endpointslice",
-        true,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "events.k8s.io",
-        "Event",
-        "events",
-        "event",
-        true,
-        &["ev"],
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "rbac.authorization.k8s.io",
-        "Role",
-        "roles",
-        "role",
-        true,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "rbac.authorization.k8s.io",
-        "RoleBinding",
-        "rolebindings",
-        "rolebinding",
-        true,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "rbac.authorization.k8s.io",
-        "ClusterRole",
-        "clusterroles",
-        "clusterrole",
-        false,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
+    kind::<core::v1::Namespace>()
+        .cluster()
+        .short(&["ns"])
+        .with_status()
+        .rules(&strategy::namespace::Namespace),
+    kind::<core::v1::Node>()
+        .cluster()
+        .short(&["no"])
+        .with_status()
+        .rules(&strategy::node::Node),
+    kind::<core::v1::Pod>()
+        .short(&["po"])
+        .all()
+        .with_status()
+        .rules(&strategy::pod::Pod),
+    kind::<core::v1::Service>()
+        .short(&["svc"])
+        .all()
+        .with_status()
+        .rules(&strategy::service::Service),
+    kind::<core::v1::Endpoints>()
+        .short(&["ep"])
+        .rules(&strategy::printed::Endpoints),
+    kind::<core::v1::ConfigMap>()
+        .short(&["cm"])
+        .rules(&strategy::configmap::ConfigMap),
+    kind::<core::v1::Secret>().rules(&strategy::secret::Secret),
+    kind::<core::v1::Event>()
+        .short(&["ev"])
+        .rules(&strategy::event::CoreEvent),
+    // Deprecated upstream since 1.19 and still served: the health of the
+    // scheduler, the controller manager and the store.
+    kind::<core::v1::ComponentStatus>()
+        .cluster()
+        .short(&["cs"])
+        .rules(&strategy::componentstatus::ComponentStatus)
+        .computed(READ, handler!(strategy::componentstatus::serve)),
+    kind::<core::v1::ServiceAccount>()
+        .short(&["sa"])
+        .rules(&strategy::printed::ServiceAccount),
+    kind::<apps::v1::Deployment>()
+        .short(&["deploy"])
+        .all()
+        .with_status()
+        .with_scale()
+        .rules(&strategy::workloads::Deployment),
+    kind::<apps::v1::ReplicaSet>()
+        .short(&["rs"])
+        .all()
+        .with_status()
+        .with_scale()
+        .rules(&strategy::workloads::ReplicaSet),
+    kind::<apps::v1::DaemonSet>()
+        .short(&["ds"])
+        .all()
+        .with_status()
+        .rules(&strategy::workloads::DaemonSet),
+    kind::<batch::v1::Job>()
+        .all()
+        .with_status()
+        .rules(&strategy::job::Job),
+    kind::<coordination::v1::Lease>().rules(&strategy::printed::Lease),
+    kind::<discovery::v1::EndpointSlice>().rules(&strategy::printed::EndpointSlice),
+    kind::<events::v1::Event>()
+        .short(&["ev"])
+        .stored_with("core", "events")
+        .rules(&strategy::event::EventsV1),
+    kind::<rbac::v1::Role>().rules(&strategy::rbac::Role),
+    kind::<rbac::v1::RoleBinding>().rules(&strategy::rbac::Binding),
+    kind::<rbac::v1::ClusterRole>()
+        .cluster()
+        .rules(&strategy::rbac::Role),
     // Access reviews: asked, answered, never stored (`kubectl auth can-i`).
-    def(
-        "authorization.k8s.io",
-        "SelfSubjectAccessReview",
-        "selfsubjectaccessreviews",
-        "selfsubjectaccessreview",
-        false,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "authorization.k8s.io",
-        "SubjectAccessReview",
-        "subjectaccessreviews",
-        "subjectaccessreview",
-        false,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
-    def(
-        "rbac.authorization.k8s.io",
-        "ClusterRoleBinding",
-        "clusterrolebindings",
-        "clusterrolebinding",
-        false,
-        NONE,
-        NONE,
-        false,
-        false,
-    ),
+    kind::<authorization::v1::SelfSubjectAccessReview>()
+        .cluster()
+        .computed(CREATE, handler!(review::self_subject)),
+    kind::<authorization::v1::SubjectAccessReview>()
+        .cluster()
+        .computed(CREATE, handler!(review::subject)),
+    kind::<rbac::v1::ClusterRoleBinding>()
+        .cluster()
+        .rules(&strategy::rbac::Binding),
     // Node certificates: the agent's CSRs, approved by the csrapproving
     // controller (or `kubectl certificate approve`), signed by csrsigning.
-    def(
-        "certificates.k8s.io",
-        "CertificateSigningRequest",
-        "certificatesigningrequests",
-        "certificatesigningrequest",
-        false,
-        &["csr"],
-        NONE,
-        true,
-        false,
-    ),
+    kind::<certificates::v1::CertificateSigningRequest>()
+        .cluster()
+        .short(&["csr"])
+        .with_status()
+        .rules(&strategy::csr::Csr),
 ];
+
+/// A resource computed per request (see [`ResourceDef::computed`]).
+#[derive(Clone, Copy)]
+pub struct Computed {
+    pub verbs: &'static [&'static str],
+    pub serve: Handler,
+}
+
+const CREATE: &[&str] = &["create"];
+const READ: &[&str] = &["get", "list"];
+
+/// A subresource as discovery lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct SubresourceInfo {
+    pub name: &'static str,
+    /// The group and version of `kind`, when not the resource's own
+    /// (`autoscaling/v1` Scale, `policy/v1` Eviction).
+    pub group_version: Option<(&'static str, &'static str)>,
+    pub kind: &'static str,
+    pub verbs: &'static [&'static str],
+}
 
 /// The verbs every resource supports.
 pub const VERBS: &[&str] = &[
@@ -302,6 +265,10 @@ impl ResourceDef {
             format!("{}/{}", self.group, self.version)
         }
     }
+    /// The singular name: the kind in lower case, as upstream derives it.
+    pub fn singular(&self) -> String {
+        self.kind.to_lowercase()
+    }
     pub fn list_kind(&self) -> String {
         format!("{}List", self.kind)
     }
@@ -313,14 +280,17 @@ impl ResourceDef {
             self.group
         }
     }
-    /// The resource whose keys hold this one's objects: events.k8s.io
-    /// Events live with the core ones (see `convert`).
-    fn storage(&self) -> (&'static str, &'static str) {
-        if self.group == "events.k8s.io" {
-            ("core", "events")
+    /// `pods.v1` or `deployments.v1.apps`, for messages.
+    fn api_version_resource(&self) -> String {
+        if self.group.is_empty() {
+            format!("{}.{}", self.plural, self.version)
         } else {
-            (self.key_group(), self.plural)
+            format!("{}.{}.{}", self.plural, self.version, self.group)
         }
+    }
+    /// The (group, plural) whose keys hold this resource's objects.
+    fn storage(&self) -> (&'static str, &'static str) {
+        self.stored_as.unwrap_or((self.key_group(), self.plural))
     }
 
     /// `/registry/<group>/<plural>/[<ns>/]<name>`.
@@ -339,47 +309,58 @@ impl ResourceDef {
             None => format!("/registry/{g}/{p}/"),
         }
     }
-    /// Subresources served for this resource, with the verbs each accepts.
-    pub fn subresources(&self) -> Vec<(&'static str, &'static str, &'static [&'static str])> {
-        let mut out: Vec<(&'static str, &'static str, &'static [&'static str])> = Vec::new();
-        if self.status {
-            out.push(("status", self.kind, &["get", "patch", "update"]));
+    /// Subresources served for this resource, as discovery lists them.
+    pub fn subresources(&self) -> Vec<SubresourceInfo> {
+        let mut out = Vec::new();
+        // A kind may serve its status itself (CSRs).
+        if self.status && self.own_subresource("status").is_none() {
+            out.push(SubresourceInfo {
+                name: "status",
+                group_version: None,
+                kind: self.kind,
+                verbs: &["get", "patch", "update"],
+            });
         }
         if self.scale {
-            out.push(("scale", "Scale", &["get", "patch", "update"]));
+            out.push(SubresourceInfo {
+                name: "scale",
+                group_version: Some(("autoscaling", "v1")),
+                kind: "Scale",
+                verbs: &["get", "patch", "update"],
+            });
         }
-        if self.group.is_empty() && self.plural == "pods" {
-            out.push(("binding", "Binding", &["create"]));
-            out.push(("eviction", "Eviction", &["create"]));
-            out.push(("log", "Pod", &["get"]));
-            out.push(("exec", "PodExecOptions", &["create", "get"]));
-            out.push(("attach", "PodAttachOptions", &["create", "get"]));
-            out.push(("portforward", "PodPortForwardOptions", &["create", "get"]));
-        }
-        if self.group.is_empty() && self.plural == "namespaces" {
-            out.push(("finalize", "Namespace", &["update"]));
-        }
-        if self.is("certificates.k8s.io", "certificatesigningrequests") {
-            out.push(("approval", self.kind, &["get", "patch", "update"]));
-        }
+        out.extend(
+            self.strategy
+                .subresources()
+                .iter()
+                .map(|s| SubresourceInfo {
+                    name: s.name,
+                    group_version: s.group_version,
+                    kind: s.kind,
+                    verbs: s.verbs,
+                }),
+        );
         out
     }
-    /// Access reviews are computed per request, not stored.
-    pub fn is_review(&self) -> bool {
-        self.group == "authorization.k8s.io"
+
+    /// A subresource of the kind's own (not `status` or `scale`).
+    pub fn own_subresource(&self, name: &str) -> Option<&'static Subresource> {
+        self.strategy.subresources().iter().find(|s| s.name == name)
+    }
+
+    /// Whether the node of the object serves this subresource
+    /// (pods/log, exec, attach, portforward).
+    pub fn node_serves(&self, sub: Option<&str>) -> bool {
+        sub.and_then(|s| self.own_subresource(s))
+            .is_some_and(|s| matches!(s.serve, Serve::Node))
     }
 
     /// The verbs discovery lists.
     pub fn verbs(&self) -> &'static [&'static str] {
-        if self.is_review() {
-            &["create"]
-        } else {
-            VERBS
+        match &self.computed {
+            Some(c) => c.verbs,
+            None => VERBS,
         }
-    }
-
-    pub fn is(&self, group: &str, plural: &str) -> bool {
-        self.group == group && self.plural == plural
     }
 }
 

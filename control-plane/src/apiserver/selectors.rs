@@ -184,50 +184,10 @@ impl LabelSelector {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FieldSelector(Vec<(String, bool, String)>);
 
-/// Fields each kind can be selected by, beyond `metadata.name` and
-/// `metadata.namespace` (upstream's per-kind `GetAttrs`/field label conversions).
-fn supported_fields(kind: &str) -> &'static [&'static str] {
-    match kind {
-        "Pod" => &[
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.schedulerName",
-            "spec.serviceAccountName",
-            "spec.hostNetwork",
-            "status.phase",
-            "status.podIP",
-            "status.nominatedNodeName",
-        ],
-        "Event" => &[
-            "involvedObject.kind",
-            "involvedObject.namespace",
-            "involvedObject.name",
-            "involvedObject.uid",
-            "involvedObject.apiVersion",
-            "involvedObject.resourceVersion",
-            "involvedObject.fieldPath",
-            "reason",
-            "reportingComponent",
-            "source",
-            "type",
-            "regarding.kind",
-            "regarding.name",
-            "regarding.namespace",
-            "regarding.uid",
-        ],
-        "Secret" => &["type"],
-        "CertificateSigningRequest" => &["spec.signerName"],
-        "Node" => &["spec.unschedulable"],
-        "Namespace" => &["status.phase"],
-        "Job" => &["status.successful"],
-        "ReplicaSet" => &["status.replicas"],
-        "Service" => &["spec.clusterIP", "spec.type"],
-        _ => &[],
-    }
-}
-
 impl FieldSelector {
-    pub fn parse(s: &str, kind: &str) -> Result<Self, Error> {
+    /// `selectable`: the kind's fields beyond `metadata.name` and
+    /// `metadata.namespace` (its strategy's `selectable_fields`).
+    pub fn parse(s: &str, selectable: &[&str]) -> Result<Self, Error> {
         let mut terms = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, neg, v) = if let Some((k, v)) = part.split_once("!=") {
@@ -242,9 +202,7 @@ impl FieldSelector {
                 )));
             };
             let k = k.trim();
-            if !matches!(k, "metadata.name" | "metadata.namespace")
-                && !supported_fields(kind).contains(&k)
-            {
+            if !matches!(k, "metadata.name" | "metadata.namespace") && !selectable.contains(&k) {
                 return Err(Error::UnsupportedField(format!("\"{k}\"")));
             }
             terms.push((k.to_string(), neg, v.trim().to_string()));
@@ -318,20 +276,22 @@ mod tests {
         }
     }
 
+    const POD_FIELDS: &[&str] = &["spec.nodeName", "status.phase"];
+
     #[test]
     fn field_selectors() {
         let pod = json!({"metadata": {"name": "p", "namespace": "d"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
         assert!(
-            FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "Pod")
+            FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", POD_FIELDS)
                 .unwrap()
                 .matches(&pod)
         );
-        assert!(!FieldSelector::parse("spec.nodeName=", "Pod")
+        assert!(!FieldSelector::parse("spec.nodeName=", POD_FIELDS)
             .unwrap()
             .matches(&pod));
-        assert!(FieldSelector::parse("spec.bogus=1", "Pod").is_err());
+        assert!(FieldSelector::parse("spec.bogus=1", POD_FIELDS).is_err());
         assert_eq!(
-            FieldSelector::parse("metadata.name=p", "Pod")
+            FieldSelector::parse("metadata.name=p", POD_FIELDS)
                 .unwrap()
                 .name(),
             Some("p")

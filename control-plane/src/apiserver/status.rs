@@ -26,6 +26,15 @@ impl Cause {
             message: "Required value".into(),
         }
     }
+    /// Required, with upstream's reason why (`Required value: verbs must
+    /// contain at least one value`).
+    pub fn required_because(field: impl Into<String>, detail: &str) -> Self {
+        Cause {
+            reason: "FieldValueRequired",
+            field: field.into(),
+            message: format!("Required value: {detail}"),
+        }
+    }
     pub fn invalid(field: impl Into<String>, value: &str, detail: &str) -> Self {
         Cause {
             reason: "FieldValueInvalid",
@@ -42,6 +51,13 @@ impl Cause {
                 "Unsupported value: {value:?}: supported values: {}",
                 allowed.join(", ")
             ),
+        }
+    }
+    pub fn too_long(field: impl Into<String>, max: usize) -> Self {
+        Cause {
+            reason: "FieldValueTooLong",
+            field: field.into(),
+            message: format!("Too long: may not be more than {max} bytes"),
         }
     }
     pub fn duplicate(field: impl Into<String>, value: &str) -> Self {

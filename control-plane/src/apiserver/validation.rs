@@ -1,134 +1,247 @@
-//! Validation: names and labels for every kind, the fields whose absence
-//! would break a controller for the workload kinds, and decoding through
-//! the k8s-openapi types (which also finds unknown fields for
-//! `fieldValidation`).
+//! Validation: ObjectMeta's rules for every kind (the kind's name rule,
+//! labels) before the kind's own ([`super::strategy::Strategy::validate`]),
+//! and the validators several kinds share (pod specs, DNS names, data
+//! keys).
 
-use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
 use super::resources::ResourceDef;
-use super::selectors::LabelSelector;
 use super::status::Cause;
+use super::strategy::NameRule;
 
-/// Causes of a 422, empty when the object is valid.
+/// Causes of a 422, empty when the object is valid: ObjectMeta's rules
+/// (the name by the kind's rule, labels), then the kind's own.
 pub fn validate(def: &ResourceDef, obj: &Value) -> Vec<Cause> {
-    let mut c = Vec::new();
-    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-    match (def.group, def.kind) {
-        ("rbac.authorization.k8s.io", _) => path_segment_name(name, &mut c),
-        ("", "Namespace") => dns_label("metadata.name", name, &mut c),
-        ("", "Service") => dns1035_label("metadata.name", name, &mut c),
-        _ => dns_subdomain("metadata.name", name, &mut c),
-    }
-    labels(obj, &mut c);
-    match (def.group, def.kind) {
-        ("", "Pod") => pod_spec("spec", obj.get("spec"), &mut c, false),
-        ("apps", "Deployment")
-        | ("apps", "ReplicaSet")
-        | ("apps", "DaemonSet")
-        | ("batch", "Job") => workload(def, obj, &mut c),
-        ("", "Service") => service(obj, &mut c),
-        ("", "ConfigMap") | ("", "Secret") => data_keys(obj, &mut c),
-        ("certificates.k8s.io", "CertificateSigningRequest") => csr_spec(obj, &mut c),
-        _ => {}
-    }
+    let mut c = object_meta(def, obj);
+    c.extend(def.strategy.validate(obj));
     c
 }
 
-/// Key usages a CSR may list (upstream's `KeyUsage` values).
-const CSR_USAGES: &[&str] = &[
-    "signing",
-    "digital signature",
-    "content commitment",
-    "key encipherment",
-    "key agreement",
-    "data encipherment",
-    "cert sign",
-    "crl sign",
-    "encipher only",
-    "decipher only",
-    "any",
-    "server auth",
-    "client auth",
-    "code signing",
-    "email protection",
-    "s/mime",
-    "ipsec end system",
-    "ipsec tunnel",
-    "ipsec user",
-    "timestamping",
-    "ocsp signing",
-    "microsoft sgc",
-    "netscape sgc",
-];
+/// [`validate`] for an update of the main resource, which may also break
+/// rules about what cannot change.
+pub fn validate_update(def: &ResourceDef, old: &Value, new: &Value) -> Vec<Cause> {
+    let mut c = object_meta(def, new);
+    // Finalizers cannot be added to an object being deleted.
+    if old["metadata"]["deletionTimestamp"].is_string() {
+        let before = super::objects::finalizers(old);
+        let mut added: Vec<String> = super::objects::finalizers(new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
+        added.sort();
+        if !added.is_empty() {
+            c.push(Cause::forbidden(
+                "metadata.finalizers",
+                &format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+            ));
+        }
+    }
+    c.extend(def.strategy.validate_update(old, new));
+    c
+}
 
-/// A CSR's request parses (and is signed by its own key), its signer is a
-/// qualified `domain/path` name, its usages are known, and a requested
-/// duration is at least ten minutes.
-fn csr_spec(obj: &Value, c: &mut Vec<Cause>) {
-    let spec = &obj["spec"];
-    match crate::auth::csr::decode_request(obj) {
-        None => c.push(Cause::required("spec.request")),
-        Some(pem) => {
-            if let Err(e) = skiff_bootstrap::csr::parse_pem(&pem) {
+/// The total size annotations may have (upstream's
+/// `TotalAnnotationSizeLimitB`).
+const MAX_ANNOTATIONS: usize = 256 * 1024;
+
+/// ObjectMeta on any write (upstream's `ValidateObjectMetaAccessor`): name
+/// (by the kind's rule) and generateName, namespace, generation, labels,
+/// annotations, owner references, finalizers, managed fields.
+fn object_meta(def: &ResourceDef, obj: &Value) -> Vec<Cause> {
+    let mut c = Vec::new();
+    let meta = &obj["metadata"];
+    let name = meta["name"].as_str().unwrap_or_default();
+    name_by_rule(def.strategy.name_rule(), "metadata.name", name, &mut c);
+    if let Some(g) = meta["generateName"].as_str().filter(|g| !g.is_empty()) {
+        // A prefix, which may end in the '-' before the random suffix.
+        let prefix = g.trim_end_matches('-');
+        name_by_rule(
+            def.strategy.name_rule(),
+            "metadata.generateName",
+            prefix,
+            &mut c,
+        );
+    }
+    if def.namespaced {
+        let ns = meta["namespace"].as_str().unwrap_or_default();
+        dns_label("metadata.namespace", ns, &mut c);
+    }
+    if meta["generation"].as_i64().is_some_and(|g| g < 0) {
+        c.push(Cause::invalid(
+            "metadata.generation",
+            &meta["generation"].to_string(),
+            "must be greater than or equal to 0",
+        ));
+    }
+    labels(obj, &mut c);
+    annotations(meta, &mut c);
+    owner_references(meta, &mut c);
+    finalizers(meta, &mut c);
+    managed_fields(meta, &mut c);
+    c
+}
+
+fn name_by_rule(rule: NameRule, field: &str, name: &str, c: &mut Vec<Cause>) {
+    match rule {
+        NameRule::PathSegment => path_segment_name(field, name, c),
+        NameRule::Label => dns_label(field, name, c),
+        NameRule::Label1035 => dns1035_label(field, name, c),
+        NameRule::Subdomain => dns_subdomain(field, name, c),
+    }
+}
+
+/// Keys are qualified names (case-insensitive); all of them, keys and
+/// values, at most 256 KiB.
+fn annotations(meta: &Value, c: &mut Vec<Cause>) {
+    let Some(m) = meta["annotations"].as_object() else {
+        return;
+    };
+    let mut size = 0;
+    for (k, v) in m {
+        if !is_qualified_name(&k.to_lowercase()) {
+            c.push(Cause::invalid(
+                "metadata.annotations",
+                k,
+                QUALIFIED_NAME_MESSAGE,
+            ));
+        }
+        size += k.len() + v.as_str().map_or(0, str::len);
+    }
+    if size > MAX_ANNOTATIONS {
+        c.push(Cause::too_long("metadata.annotations", MAX_ANNOTATIONS));
+    }
+}
+
+/// apiVersion, kind, name and uid set; Events own nothing; one controller.
+fn owner_references(meta: &Value, c: &mut Vec<Cause>) {
+    let field = "metadata.ownerReferences";
+    let mut controller: Option<String> = None;
+    for r in meta["ownerReferences"].as_array().into_iter().flatten() {
+        let s = |k: &str| r[k].as_str().unwrap_or_default();
+        let version = s("apiVersion").rsplit('/').next().unwrap_or_default();
+        if version.is_empty() {
+            c.push(Cause::invalid(
+                format!("{field}.apiVersion"),
+                s("apiVersion"),
+                "version must not be empty",
+            ));
+        }
+        for k in ["kind", "name", "uid"] {
+            if s(k).is_empty() {
                 c.push(Cause::invalid(
-                    "spec.request",
-                    "<request data>",
-                    &e.to_string(),
+                    format!("{field}.{k}"),
+                    "",
+                    "must not be empty",
                 ));
             }
         }
-    }
-    let signer = spec["signerName"].as_str().unwrap_or_default();
-    if signer.is_empty() {
-        c.push(Cause::required("spec.signerName"));
-    } else if !signer.split_once('/').is_some_and(|(domain, path)| {
-        domain.contains('.') && domain.split('.').all(is_dns_label) && !path.is_empty()
-    }) {
-        c.push(Cause::invalid(
-            "spec.signerName",
-            signer,
-            "must be a fully qualified domain and path of the form 'example.com/signer-name'",
-        ));
-    }
-    let usages = spec["usages"].as_array().cloned().unwrap_or_default();
-    if usages.is_empty() {
-        c.push(Cause::required("spec.usages"));
-    }
-    for (i, u) in usages.iter().enumerate() {
-        let u = u.as_str().unwrap_or_default();
-        if !CSR_USAGES.contains(&u) {
-            c.push(Cause::not_supported(
-                format!("spec.usages[{i}]"),
-                u,
-                CSR_USAGES,
+        if s("apiVersion") == "v1" && s("kind") == "Event" {
+            c.push(Cause::invalid(
+                field,
+                &r.to_string(),
+                "/v1, Kind=Event is disallowed from being an owner",
             ));
         }
-    }
-    if let Some(e) = spec["expirationSeconds"].as_i64() {
-        if e < 600 {
-            c.push(Cause::invalid(
-                "spec.expirationSeconds",
-                &e.to_string(),
-                "may not specify a duration less than 600 seconds (10 minutes)",
-            ));
+        if r["controller"].as_bool() == Some(true) {
+            let this = format!("{}/{}", s("kind"), s("name"));
+            match &controller {
+                Some(first) => c.push(Cause::invalid(
+                    field,
+                    &meta["ownerReferences"].to_string(),
+                    &format!("Only one reference can have Controller set to true. Found \"true\" in references for {first} and {this}"),
+                )),
+                None => controller = Some(this),
+            }
         }
     }
 }
 
-fn path_segment_name(name: &str, c: &mut Vec<Cause>) {
+/// Qualified names; not both `orphan` and `foregroundDeletion`.
+fn finalizers(meta: &Value, c: &mut Vec<Cause>) {
+    let field = "metadata.finalizers";
+    let list: Vec<&str> = meta["finalizers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for f in &list {
+        if !is_qualified_name(f) {
+            c.push(Cause::invalid(field, f, QUALIFIED_NAME_MESSAGE));
+        }
+    }
+    if list.contains(&"orphan") && list.contains(&"foregroundDeletion") {
+        c.push(Cause::invalid(
+            field,
+            &meta["finalizers"].to_string(),
+            "finalizer orphan and foregroundDeletion cannot be both set",
+        ));
+    }
+}
+
+/// Operations `Apply` or `Update`, `FieldsV1`, managers of at most 128
+/// printable characters.
+fn managed_fields(meta: &Value, c: &mut Vec<Cause>) {
+    for (i, f) in meta["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let path = format!("metadata.managedFields[{i}]");
+        let op = f["operation"].as_str().unwrap_or_default();
+        if op != "Apply" && op != "Update" {
+            c.push(Cause::invalid(
+                format!("{path}.operation"),
+                op,
+                "must be `Apply` or `Update`",
+            ));
+        }
+        let ty = f["fieldsType"].as_str().unwrap_or_default();
+        if !ty.is_empty() && ty != "FieldsV1" {
+            c.push(Cause::invalid(
+                format!("{path}.fieldsType"),
+                ty,
+                "must be `FieldsV1`",
+            ));
+        }
+        field_manager(
+            &format!("{path}.manager"),
+            f["manager"].as_str().unwrap_or_default(),
+            c,
+        );
+    }
+}
+
+/// A field manager: at most 128 characters, all printable.
+pub(crate) fn field_manager(field: &str, m: &str, c: &mut Vec<Cause>) {
+    if m.chars().count() > 128 {
+        c.push(Cause::too_long(field, 128));
+    }
+    if let Some((i, ch)) = m.char_indices().find(|(_, ch)| ch.is_control()) {
+        c.push(Cause::invalid(
+            field,
+            m,
+            &format!("invalid character {:?} (at position {i})", ch),
+        ));
+    }
+}
+
+const QUALIFIED_NAME_MESSAGE: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
+
+fn path_segment_name(field: &str, name: &str, c: &mut Vec<Cause>) {
     if name.is_empty() {
-        c.push(Cause::required("metadata.name"));
+        c.push(Cause::required(field));
     } else if name == "." || name == ".." || name.contains('/') || name.contains('%') {
         c.push(Cause::invalid(
-            "metadata.name",
+            field,
             name,
             "may not contain '/' or '%' or be '.' or '..'",
         ));
     }
 }
 
-fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -153,7 +266,7 @@ fn dns1035_label(field: &str, s: &str, c: &mut Vec<Cause>) {
     }
 }
 
-fn dns_subdomain(field: &str, s: &str, c: &mut Vec<Cause>) {
+pub(crate) fn dns_subdomain(field: &str, s: &str, c: &mut Vec<Cause>) {
     if s.is_empty() {
         c.push(Cause::required(field));
     } else if s.len() > 253 || !s.split('.').all(is_dns_label) {
@@ -187,7 +300,7 @@ fn labels(obj: &Value, c: &mut Vec<Cause>) {
     if let Some(m) = obj["metadata"]["labels"].as_object() {
         for (k, v) in m {
             if !is_qualified_name(k) {
-                c.push(Cause::invalid("metadata.labels", k, "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"));
+                c.push(Cause::invalid("metadata.labels", k, QUALIFIED_NAME_MESSAGE));
             }
             match v.as_str() {
                 Some(s) if is_label_value(s) => {}
@@ -197,7 +310,8 @@ fn labels(obj: &Value, c: &mut Vec<Cause>) {
     }
 }
 
-fn pod_spec(path: &str, spec: Option<&Value>, c: &mut Vec<Cause>, template: bool) {
+/// A pod spec (of a pod, or of a workload's template at `path`).
+pub(crate) fn pod_spec(path: &str, spec: Option<&Value>, c: &mut Vec<Cause>) {
     let Some(spec) = spec else {
         c.push(Cause::required(path));
         return;
@@ -251,6 +365,20 @@ fn pod_spec(path: &str, spec: Option<&Value>, c: &mut Vec<Cause>, template: bool
                         "must be between 1 and 65535, inclusive",
                     ));
                 }
+                if let Some(name) = port.get("name").and_then(Value::as_str) {
+                    if !name.is_empty() {
+                        port_name(&format!("{p}.ports[{j}].name"), name, c);
+                    }
+                }
+                if let Some(h) = port.get("hostPort").and_then(Value::as_i64) {
+                    if h != 0 && !(1..=65535).contains(&h) {
+                        c.push(Cause::invalid(
+                            format!("{p}.ports[{j}].hostPort"),
+                            &h.to_string(),
+                            "must be between 1 and 65535, inclusive",
+                        ));
+                    }
+                }
             }
         }
     }
@@ -275,104 +403,80 @@ fn pod_spec(path: &str, spec: Option<&Value>, c: &mut Vec<Cause>, template: bool
             ));
         }
     }
-    let _ = template;
 }
 
-fn workload(def: &ResourceDef, obj: &Value, c: &mut Vec<Cause>) {
-    let spec = &obj["spec"];
-    if let Some(r) = spec.get("replicas").and_then(Value::as_i64) {
-        if r < 0 {
-            c.push(Cause::invalid(
-                "spec.replicas",
-                &r.to_string(),
-                "must be greater than or equal to 0",
-            ));
-        }
-    }
-    let template = &spec["template"];
-    pod_spec("spec.template.spec", template.get("spec"), c, true);
-    // Jobs generate their selector; everyone else must bring one that
-    // selects the template's labels, or the controller would adopt nothing.
-    if def.kind != "Job" || spec["manualSelector"].as_bool() == Some(true) {
-        match spec.get("selector") {
-            None | Some(Value::Null) => c.push(Cause::required("spec.selector")),
-            Some(sel) => {
-                let ml = sel.get("matchLabels").and_then(Value::as_object);
-                let has_expr = sel
-                    .get("matchExpressions")
-                    .and_then(Value::as_array)
-                    .is_some_and(|a| !a.is_empty());
-                if ml.is_none_or(|m| m.is_empty()) && !has_expr {
-                    c.push(Cause::invalid(
-                        "spec.selector",
-                        "{}",
-                        "empty selector is invalid for deployment",
-                    ));
-                } else if let Some(ml) = ml {
-                    let labels = super::objects::labels(template);
-                    if !LabelSelector::from_map(ml).matches_labels(&labels) {
-                        let shown = serde_json::to_string(&template["metadata"]["labels"])
-                            .unwrap_or_default();
-                        c.push(Cause::invalid(
-                            "spec.template.metadata.labels",
-                            &shown,
-                            "`selector` does not match template `labels`",
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    if def.kind == "Job" {
-        if let Some(rp) = template["spec"]["restartPolicy"].as_str() {
-            if !matches!(rp, "OnFailure" | "Never") {
-                c.push(Cause::not_supported(
-                    "spec.template.spec.restartPolicy",
-                    rp,
-                    &["OnFailure", "Never"],
-                ));
-            }
-        } else {
-            c.push(Cause::required("spec.template.spec.restartPolicy"));
-        }
+/// A named port (`containerPort` names, named `targetPort`s): an
+/// IANA_SVC_NAME (upstream's `IsValidPortName`).
+pub(crate) fn port_name(field: &str, name: &str, c: &mut Vec<Cause>) {
+    let why = if name.len() > 15 {
+        Some("must be no more than 15 characters")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        Some("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)")
+    } else if name.contains("--") {
+        Some("must not contain consecutive hyphens")
+    } else if !name.bytes().any(|b| b.is_ascii_lowercase()) {
+        Some("must contain at least one letter (a-z)")
+    } else if name.starts_with('-') || name.ends_with('-') {
+        Some("must not begin or end with a hyphen")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        c.push(Cause::invalid(field, name, why));
     }
 }
 
-fn service(obj: &Value, c: &mut Vec<Cause>) {
-    let spec = &obj["spec"];
-    let ty = spec["type"].as_str().unwrap_or("ClusterIP");
-    if !matches!(
-        ty,
-        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
-    ) {
-        c.push(Cause::not_supported(
-            "spec.type",
-            ty,
-            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
-        ));
-    }
-    let ports = spec["ports"].as_array();
-    let headless = spec["clusterIP"].as_str() == Some("None");
-    if ports.is_none_or(|p| p.is_empty()) && ty != "ExternalName" && !headless {
-        c.push(Cause::required("spec.ports"));
-    }
-    let multi = ports.is_some_and(|p| p.len() > 1);
-    for (i, p) in ports.into_iter().flatten().enumerate() {
-        let n = p["port"].as_i64().unwrap_or(0);
-        if !(1..=65535).contains(&n) {
-            c.push(Cause::invalid(
-                format!("spec.ports[{i}].port"),
-                &n.to_string(),
-                "must be between 1 and 65535, inclusive",
-            ));
-        }
-        if multi && p["name"].as_str().unwrap_or_default().is_empty() {
-            c.push(Cause::required(format!("spec.ports[{i}].name")));
-        }
+/// An IP address of the given family (`IPv4`, `IPv6`, or either when
+/// empty): what the service proxy writes into its rules must be one.
+pub(crate) fn ip_address(field: &str, ip: &str, family: &str, c: &mut Vec<Cause>) {
+    let ok = match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => family != "IPv6",
+        Ok(std::net::IpAddr::V6(_)) => family != "IPv4",
+        Err(_) => false,
+    };
+    if !ok {
+        let what = match family {
+            "IPv4" => "must be a valid IPv4 address",
+            "IPv6" => "must be a valid IPv6 address",
+            _ => "must be a valid IP address",
+        };
+        c.push(Cause::invalid(field, ip, what));
     }
 }
 
-fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
+/// The most a ConfigMap's or Secret's data may hold (upstream's
+/// `MaxSecretSize`, 1 MiB).
+pub(crate) const MAX_DATA: usize = 1024 * 1024;
+
+/// The total size of a ConfigMap's or Secret's data must stay within
+/// [`MAX_DATA`]: `plain` fields hold text, `base64` ones bytes in base64
+/// (4 characters carry 3 bytes). `field` names the object part a 422 blames.
+pub(crate) fn data_size(
+    obj: &Value,
+    plain: &[&str],
+    base64: &[&str],
+    field: &str,
+    c: &mut Vec<Cause>,
+) {
+    let len = |f: &&str| -> usize {
+        obj[*f]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(_, v)| v.as_str().map_or(0, str::len))
+            .sum()
+    };
+    let size = plain.iter().map(len).sum::<usize>() + base64.iter().map(len).sum::<usize>() / 4 * 3;
+    if size > MAX_DATA {
+        c.push(Cause::too_long(field, MAX_DATA));
+    }
+}
+
+/// ConfigMap and Secret keys.
+pub(crate) fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
     for field in ["data", "binaryData"] {
         for k in obj[field].as_object().into_iter().flat_map(|m| m.keys()) {
             let ok = !k.is_empty()
@@ -390,155 +494,6 @@ fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
     }
 }
 
-/// Decode through the typed model and back: the canonical JSON, plus the
-/// paths of fields the type does not have (`fieldValidation`).
-///
-/// # Errors
-/// A message like `json: cannot unmarshal ...` for wrong types or shapes,
-/// answered as 400 Bad Request.
-pub fn decode_typed(def: &ResourceDef, obj: &Value) -> Result<(Value, Vec<String>), String> {
-    let typed = with_model(def, FromValue(obj)).unwrap_or_else(|| Ok(obj.clone()))?;
-    let mut unknown = Vec::new();
-    unknown_fields(&mut Vec::new(), obj, &typed, &mut unknown);
-    Ok((typed, unknown))
-}
-
-/// The canonical JSON of a JSON request body decoded straight into the
-/// typed model, skipping the untyped tree [`decode_typed`] starts from.
-/// None unless that takes: a kind without a model, a body the model
-/// refuses, or one with fields the model lacks go the general way, which
-/// words their errors and warnings.
-pub fn decode_json_body(def: &ResourceDef, body: &[u8]) -> Option<Value> {
-    with_model(def, FromJson(body))?.ok()
-}
-
-/// Decodes one kind's typed model from some input, back to canonical JSON.
-trait ModelDecoder {
-    fn decode<T: DeserializeOwned + Serialize>(self) -> Result<Value, String>;
-}
-
-/// From an untyped tree, borrowed: no deep copy of the object first.
-struct FromValue<'a>(&'a Value);
-
-impl ModelDecoder for FromValue<'_> {
-    fn decode<T: DeserializeOwned + Serialize>(self) -> Result<Value, String> {
-        let t = T::deserialize(self.0).map_err(|e| e.to_string())?;
-        serde_json::to_value(&t).map_err(|e| e.to_string())
-    }
-}
-
-/// From JSON text; any field the model ignores fails it.
-struct FromJson<'a>(&'a [u8]);
-
-impl ModelDecoder for FromJson<'_> {
-    fn decode<T: DeserializeOwned + Serialize>(self) -> Result<Value, String> {
-        let mut de = serde_json::Deserializer::from_slice(self.0);
-        let mut ignored = false;
-        let t: T =
-            serde_ignored::deserialize(&mut de, |_| ignored = true).map_err(|e| e.to_string())?;
-        de.end().map_err(|e| e.to_string())?;
-        if ignored {
-            return Err("unknown fields".into());
-        }
-        serde_json::to_value(&t).map_err(|e| e.to_string())
-    }
-}
-
-/// Run `d` with the typed model of `def`'s kind; None for kinds without
-/// one (custom and review kinds).
-fn with_model<D: ModelDecoder>(def: &ResourceDef, d: D) -> Option<Result<Value, String>> {
-    use k8s_openapi::api::{
-        apps, batch, certificates, coordination, core, discovery, events, rbac,
-    };
-    Some(match (def.group, def.kind) {
-        ("", "Namespace") => d.decode::<core::v1::Namespace>(),
-        ("", "Node") => d.decode::<core::v1::Node>(),
-        ("", "Pod") => d.decode::<core::v1::Pod>(),
-        ("", "Service") => d.decode::<core::v1::Service>(),
-        ("", "Endpoints") => d.decode::<core::v1::Endpoints>(),
-        ("", "ConfigMap") => d.decode::<core::v1::ConfigMap>(),
-        ("", "Secret") => d.decode::<core::v1::Secret>(),
-        ("", "Event") => d.decode::<core::v1::Event>(),
-        ("", "ServiceAccount") => d.decode::<core::v1::ServiceAccount>(),
-        ("apps", "Deployment") => d.decode::<apps::v1::Deployment>(),
-        ("apps", "ReplicaSet") => d.decode::<apps::v1::ReplicaSet>(),
-        ("apps", "DaemonSet") => d.decode::<apps::v1::DaemonSet>(),
-        ("batch", "Job") => d.decode::<batch::v1::Job>(),
-        ("coordination.k8s.io", "Lease") => d.decode::<coordination::v1::Lease>(),
-        ("discovery.k8s.io", "EndpointSlice") => d.decode::<discovery::v1::EndpointSlice>(),
-        ("events.k8s.io", "Event") => d.decode::<events::v1::Event>(),
-        ("rbac.authorization.k8s.io", "Role") => d.decode::<rbac::v1::Role>(),
-        ("rbac.authorization.k8s.io", "RoleBinding") => d.decode::<rbac::v1::RoleBinding>(),
-        ("rbac.authorization.k8s.io", "ClusterRole") => d.decode::<rbac::v1::ClusterRole>(),
-        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
-            d.decode::<rbac::v1::ClusterRoleBinding>()
-        }
-        ("certificates.k8s.io", "CertificateSigningRequest") => {
-            d.decode::<certificates::v1::CertificateSigningRequest>()
-        }
-        _ => return None,
-    })
-}
-
-/// One step of a path into an object.
-enum Step<'a> {
-    Field(&'a str),
-    Index(usize),
-}
-
-/// `spec.containers[0].bogus`, the way upstream names a field.
-fn path_text(path: &[Step<'_>]) -> String {
-    let mut out = String::new();
-    for step in path {
-        match step {
-            Step::Field(k) => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(k);
-            }
-            Step::Index(i) => {
-                use std::fmt::Write;
-                let _ = write!(out, "[{i}]");
-            }
-        }
-    }
-    out
-}
-
-/// Paths in `sent` that the typed round trip dropped. Free-form maps
-/// (labels, data) survive the round trip whole, so only schema fields show.
-/// `path` leads to `sent`; a path is only spelled out for a field that is
-/// reported, since almost none are.
-fn unknown_fields<'a>(
-    path: &mut Vec<Step<'a>>,
-    sent: &'a Value,
-    typed: &Value,
-    out: &mut Vec<String>,
-) {
-    match (sent, typed) {
-        (Value::Object(s), Value::Object(t)) => {
-            for (k, v) in s {
-                path.push(Step::Field(k));
-                match t.get(k) {
-                    Some(tv) => unknown_fields(path, v, tv, out),
-                    None if v.is_null() => {}
-                    None => out.push(path_text(path)),
-                }
-                path.pop();
-            }
-        }
-        (Value::Array(s), Value::Array(t)) => {
-            for (i, (sv, tv)) in s.iter().zip(t.iter()).enumerate() {
-                path.push(Step::Index(i));
-                unknown_fields(path, sv, tv, out);
-                path.pop();
-            }
-        }
-        _ => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,57 +502,13 @@ mod tests {
 
     #[test]
     fn pod_without_image_is_invalid() {
-        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}});
+        let pod = json!({"metadata": {"name": "p", "namespace": "d"}, "spec": {"containers": [{"name": "c"}]}});
         let c = validate(lookup("", "v1", "pods").unwrap(), &pod);
         assert_eq!(c, vec![Cause::required("spec.containers[0].image")]);
-        let pod = json!({"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
+        let pod = json!({"metadata": {"name": "Bad_Name", "namespace": "d"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
         assert_eq!(
             validate(lookup("", "v1", "pods").unwrap(), &pod)[0].field,
             "metadata.name"
         );
-    }
-
-    #[test]
-    fn unknown_fields_are_found() {
-        let pods = lookup("", "v1", "pods").unwrap();
-        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"x": "y"}},
-            "spec": {"containers": [{"name": "c", "image": "i", "bogus": 1}], "nope": true}});
-        let (_, unknown) = decode_typed(pods, &pod).unwrap();
-        assert_eq!(
-            unknown,
-            vec![
-                "spec.containers[0].bogus".to_string(),
-                "spec.nope".to_string()
-            ]
-        );
-        let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": 5}});
-        assert!(decode_typed(pods, &bad).is_err());
-    }
-
-    #[test]
-    fn json_bodies_decode_straight_to_the_same_canonical_object() {
-        let pods = lookup("", "v1", "pods").unwrap();
-        let pod = json!({"metadata": {"name": "p", "labels": {"x": "y"}},
-            "spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80}],
-                "resources": {"requests": {"cpu": "10m"}}}], "nodeSelector": {}}});
-        let body = serde_json::to_vec(&pod).unwrap();
-        let (want, unknown) = decode_typed(pods, &pod).unwrap();
-        assert!(unknown.is_empty());
-        assert_eq!(decode_json_body(pods, &body), Some(want));
-        // Left to the general path, which words errors and warnings.
-        for refused in [
-            r#"{"metadata": {"name": "p"}, "spec": {"nope": true}}"#,
-            r#"{"apiVersion": "apps/v1", "kind": "Pod", "metadata": {"name": "p"}}"#,
-            r#"{"metadata": {"name": 5}}"#,
-            r#"{"metadata": {"name": "p"}} trailing"#,
-            r#"[]"#,
-            "",
-        ] {
-            assert_eq!(
-                decode_json_body(pods, refused.as_bytes()),
-                None,
-                "{refused}"
-            );
-        }
     }
 }

@@ -21,7 +21,7 @@ use super::handlers::selectors;
 use super::objects::meta_mut;
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
-use super::{table, ApiServer, Req};
+use super::{options, order, table, ApiServer, Req};
 use crate::store::{self, Event};
 
 /// How often an idle watch that allows bookmarks gets one.
@@ -55,9 +55,10 @@ impl Encoder {
         } else {
             obj
         };
-        let mut line =
-            serde_json::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
-        line.push(b'\n');
+        // `type` first, as upstream's WatchEvent.
+        let mut line = format!(r#"{{"type":"{ty}","object":"#).into_bytes();
+        line.extend_from_slice(&order::to_vec(&object));
+        line.extend_from_slice(b"}\n");
         Bytes::from(line)
     }
 
@@ -88,7 +89,7 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
         && !table::wants_table(r.accept())
         && !table::wants_metadata(r.accept());
     let matches = move |o: &Value| ls.matches(o) && fs.matches(o);
-    let rv = r.query.get("resourceVersion").unwrap_or("");
+    let rv = options::resource_version(&r.query)?;
     let send_initial = r.query.flag("sendInitialEvents");
     let bookmarks = r.query.flag("allowWatchBookmarks");
     let timeout = r
@@ -112,7 +113,7 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
     // Unset or "0" means "start from now, with the current state as ADDED
     // events"; sendInitialEvents asks for the same and a bookmark after it.
     let mut initial: Vec<Value> = Vec::new();
-    let start_rev = if rv.is_empty() || rv == "0" || send_initial {
+    let start_rev = if rv.is_none_or(|v| v == 0) || send_initial {
         let list = api
             .store
             .list(&prefix, None, 0, None)
@@ -127,8 +128,7 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
         }
         list.revision
     } else {
-        rv.parse::<i64>()
-            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?
+        rv.unwrap_or_default()
     };
     let stream = match api.store.watch(&prefix, start_rev).await {
         Ok(s) => Some(s),

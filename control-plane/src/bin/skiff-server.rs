@@ -109,6 +109,32 @@ struct ServeArgs {
     /// Longest certificate the CSR signer issues, e.g. 720h [default: 8760h].
     #[arg(long)]
     cluster_signing_duration: Option<String>,
+    /// How often the datastore's history older than this is compacted, for
+    /// etcd and SQLite alike; 0 never [default: 5m].
+    #[arg(long)]
+    etcd_compaction_interval: Option<String>,
+    /// How long events are kept after their last write; 0 forever [default: 1h].
+    #[arg(long)]
+    event_ttl: Option<String>,
+    /// Non-mutating requests served at once, more get 429; 0 no limit
+    /// [default: 400].
+    #[arg(long)]
+    max_requests_inflight: Option<usize>,
+    /// Mutating requests served at once, more get 429; 0 no limit
+    /// [default: 200].
+    #[arg(long)]
+    max_mutating_requests_inflight: Option<usize>,
+    /// Longest a request other than a watch or stream may take; 0 none
+    /// [default: 60s].
+    #[arg(long)]
+    request_timeout: Option<String>,
+    /// Connections held at once, also bounded by the open-files limit
+    /// [default: 10000].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Connections held at once from one address; 0 no limit [default: 1000].
+    #[arg(long)]
+    max_connections_per_source: Option<usize>,
 }
 
 impl ServeArgs {
@@ -131,6 +157,13 @@ impl ServeArgs {
             default_not_ready_toleration_seconds: self.default_not_ready_toleration_seconds,
             default_unreachable_toleration_seconds: self.default_unreachable_toleration_seconds,
             cluster_signing_duration: self.cluster_signing_duration.clone(),
+            etcd_compaction_interval: self.etcd_compaction_interval.clone(),
+            event_ttl: self.event_ttl.clone(),
+            max_requests_inflight: self.max_requests_inflight,
+            max_mutating_requests_inflight: self.max_mutating_requests_inflight,
+            request_timeout: self.request_timeout.clone(),
+            max_connections: self.max_connections,
+            max_connections_per_source: self.max_connections_per_source,
         };
         Config::resolve(flags, self.config.as_deref()).context("resolving configuration")
     }
@@ -144,7 +177,8 @@ enum Cmd {
         user: String,
         #[arg(long)]
         group: Vec<String>,
-        /// API server URL [default: https://127.0.0.1:6443].
+        /// API server URL [default: the server's, as its admin.kubeconfig
+        /// says, else from --bind-address and --secure-port].
         #[arg(long)]
         server: Option<String>,
     },
@@ -272,7 +306,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             server,
         }) => {
             let pki = pki::Pki::load_or_create(&cfg.data_dir).context("loading the cluster CA")?;
-            let url = server.unwrap_or_else(|| format!("https://127.0.0.1:{}", cfg.secure_port));
+            let url = server.unwrap_or_else(|| skiff_control_plane::server::serving_url(&cfg));
             print!(
                 "{}",
                 pki.kubeconfig(&url, &user, &group)
@@ -370,9 +404,14 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let handle = server::start(&cfg, st)
         .await
         .context("starting skiff-server")?;
-    let components = components::start(&cfg, &cfg.data_dir, &handle.url)
-        .await
-        .context("starting the scheduler and controllers")?;
+    let components = components::start(
+        &cfg,
+        &cfg.data_dir,
+        &handle.url,
+        handle.api.components.clone(),
+    )
+    .await
+    .context("starting the scheduler and controllers")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing SIGTERM handler")?;
     // Serving: systemd may start what waits for the API server. The

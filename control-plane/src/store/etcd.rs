@@ -1,8 +1,10 @@
 //! etcd v3 backend: keys and revisions map one to one onto etcd's, writes
-//! are single transactions that compare revisions, watches are etcd watches.
+//! are single transactions that compare revisions, watches are etcd watches,
+//! TTLs are leases (shared, see [`leases`](super::leases)).
 
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn,
@@ -10,6 +12,7 @@ use etcd_client::{
 };
 use tokio::io::AsyncWriteExt;
 
+use super::leases::{grant_seconds, Leases};
 use super::{Error, Event, KeyValue, ListResult, Result, SnapshotInfo, Store, WatchStream};
 
 const BACKEND: &str = "etcd";
@@ -19,6 +22,8 @@ const BACKEND: &str = "etcd";
 pub struct EtcdStore {
     client: Client,
     endpoints: Vec<String>,
+    /// The lease writes with a TTL share (all clones share it).
+    leases: Arc<Leases>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -88,7 +93,33 @@ impl EtcdStore {
         Ok(EtcdStore {
             client,
             endpoints: endpoints.to_vec(),
+            leases: Arc::default(),
         })
+    }
+
+    /// Put options for a write: with a lease living about `ttl` when given
+    /// (reused from a recent write when one fits), else none (a put
+    /// without a lease detaches the key from the one it had).
+    async fn put_options(&self, key: &str, ttl: Option<Duration>) -> Result<PutOptions> {
+        let Some(ttl) = ttl else {
+            return Ok(PutOptions::new());
+        };
+        let now = Instant::now();
+        let id = match self.leases.reusable(ttl, now) {
+            Some(id) => id,
+            None => {
+                let secs = grant_seconds(ttl);
+                let mut c = self.client.clone();
+                let id = c
+                    .lease_grant(secs, None)
+                    .await
+                    .map_err(etcd_err(format!("grant a {secs}s lease for {key}")))?
+                    .id();
+                self.leases.granted(id, secs, now);
+                id
+            }
+        };
+        Ok(PutOptions::new().with_lease(id))
     }
 
     /// The latest revision and the current value (if any) of `key`.
@@ -208,10 +239,16 @@ impl Store for EtcdStore {
         }
     }
 
-    async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue> {
+    async fn create_with_ttl(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<KeyValue> {
+        let opts = self.put_options(key, ttl).await?;
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, value.clone(), None)]);
+            .and_then([TxnOp::put(key, value.clone(), Some(opts))]);
         let resp = self.txn(key, "create", txn).await?;
         if !resp.succeeded() {
             return Err(Error::AlreadyExists {
@@ -227,24 +264,53 @@ impl Store for EtcdStore {
         })
     }
 
-    async fn update(&self, key: &str, value: Vec<u8>, expected_revision: i64) -> Result<KeyValue> {
+    async fn update_with_ttl(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected_revision: i64,
+        ttl: Option<Duration>,
+    ) -> Result<KeyValue> {
+        let opts = self.put_options(key, ttl).await?.with_prev_key();
+        // Inside the compare-and-swap, a nested transaction (etcd 3.3+)
+        // writes only when the value differs: the same bytes read the key
+        // back instead (upstream's GuaranteedUpdate short-circuit, here
+        // atomic with the revision check and in one round trip).
+        let put_if_changed = Txn::new()
+            .when([Compare::value(key, CompareOp::Equal, value.clone())])
+            .and_then([TxnOp::get(key, None)])
+            .or_else([TxnOp::put(key, value.clone(), Some(opts))]);
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Greater, 0),
                 Compare::mod_revision(key, CompareOp::Equal, expected_revision),
             ])
-            .and_then([TxnOp::put(
-                key,
-                value.clone(),
-                Some(PutOptions::new().with_prev_key()),
-            )])
+            .and_then([TxnOp::txn(put_if_changed)])
             .or_else([TxnOp::get(key, None)]);
         let resp = self.txn(key, "update", txn).await?;
         if !resp.succeeded() {
             return Err(cas_failure(key, &resp, expected_revision));
         }
+        // Nested responses carry no header: the revision is the outer one's.
         let rev = header_rev(resp.header());
-        let create_revision = put_prev(&resp).map_or(rev, |p| p.create_revision);
+        let Some(inner) = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Txn(t) => Some(t),
+            _ => None,
+        }) else {
+            return Err(Error::backend(
+                BACKEND,
+                format!("update {key}: etcd answered without the nested transaction"),
+            ));
+        };
+        if inner.succeeded() {
+            return else_kv(&inner).ok_or_else(|| {
+                Error::backend(
+                    BACKEND,
+                    format!("update {key}: etcd read back no value for an unchanged key"),
+                )
+            });
+        }
+        let create_revision = put_prev(&inner).map_or(rev, |p| p.create_revision);
         Ok(KeyValue {
             key: key.to_string(),
             value,

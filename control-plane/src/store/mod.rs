@@ -8,22 +8,33 @@
 //!
 //! # Layout
 //! - [`sqlite`]: the embedded default. A kine-style revision log in one
-//!   table; WAL with fsync per commit; one writer thread that group-commits
-//!   concurrent writes; a pool of read connections; an in-process watch hub.
+//!   table; WAL with fsync per commit, kept to a few MiB; one writer thread
+//!   that group-commits concurrent writes; a pool of read connections; an
+//!   in-process watch hub; an expiry table it sweeps for TTLs.
 //!   `SqliteStore::open(DATA_DIR/state.db)`.
 //! - [`etcd`]: etcd v3 through `etcd-client`; `EtcdStore::connect(endpoints)`.
 //! - [`snapshot`]: `snapshot_status` and `snapshot_restore` for files of
 //!   either backend (`Store::snapshot_save` writes them). etcd snapshot
 //!   status/restore run Debian's `etcdctl` (package `etcd-client`).
+//! - [`compactor`]: compaction on a schedule for either backend, taking
+//!   turns with other servers through upstream's `compact_rev_key`.
 //! - [`bench`](mod@bench): raw write benchmark, the baseline for the API benchmark.
+//!
+//! Both backends skip a no-op update (the same bytes as stored: nothing is
+//! written, no event, the revision stays), as upstream's storage layer does
+//! in `GuaranteedUpdate`, and both expire keys written with a TTL with a
+//! normal delete (etcd through leases, SQLite through an expiry it sweeps).
 
 use std::path::Path;
 use std::pin::Pin;
+use std::time::Duration;
 
 use futures::Stream;
 
 pub mod bench;
+pub mod compactor;
 pub mod etcd;
+mod leases;
 pub mod snapshot;
 pub mod sqlite;
 
@@ -149,10 +160,46 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<ListResult>;
 
     /// Create `key`; returns the new KeyValue (its mod_revision is the write's revision).
-    async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue>;
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue> {
+        self.create_with_ttl(key, value, None).await
+    }
+
+    /// Create `key`, deleted again `ttl` after this write when given (a
+    /// normal delete: watchers see it).
+    ///
+    /// # Caveats
+    /// The etcd backend counts whole seconds and may keep the key up to a
+    /// minute longer (leases are shared, see `leases`); SQLite sweeps
+    /// expired keys once a second.
+    async fn create_with_ttl(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<KeyValue>;
 
     /// Replace `key` if its mod_revision is still `expected_revision`.
-    async fn update(&self, key: &str, value: Vec<u8>, expected_revision: i64) -> Result<KeyValue>;
+    async fn update(&self, key: &str, value: Vec<u8>, expected_revision: i64) -> Result<KeyValue> {
+        self.update_with_ttl(key, value, expected_revision, None)
+            .await
+    }
+
+    /// Replace `key` if its mod_revision is still `expected_revision`; with
+    /// a `ttl` the key is deleted that long after this write, without one
+    /// it no longer expires.
+    ///
+    /// # Guarantees
+    /// A value byte-identical to the stored one writes nothing: the answer
+    /// is the stored KeyValue (same mod_revision), there is no watch event,
+    /// and the key's expiry stays as it was (upstream does not renew the
+    /// lease of an unchanged object either).
+    async fn update_with_ttl(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected_revision: i64,
+        ttl: Option<Duration>,
+    ) -> Result<KeyValue>;
 
     /// Delete `key`, if `expected_revision` is given only when it still matches.
     /// Returns the deleted value and the delete's revision.

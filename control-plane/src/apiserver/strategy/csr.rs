@@ -3,7 +3,8 @@
 //!
 //! - create: `spec.username`, `uid`, `groups` and `extra` are the
 //!   requester's, whatever the body says (the approver trusts them); the
-//!   status starts empty.
+//!   status starts empty; who may create which CSR is
+//!   [`crate::auth::csr::admit_create`]'s to say.
 //! - the main resource keeps spec and status on update (the handlers'
 //!   update strategy; only metadata changes there).
 //! - `/approval`: only the Approved / Denied conditions change, never the
@@ -18,16 +19,17 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use http::{Method, Response};
 use serde_json::{json, Value};
 
-use super::handlers::{self, get_object, write_update, Attempt};
-use super::objects;
-use super::patch::{self, PatchType};
-use super::status::{ApiError, ApiResult, Cause};
-use super::{
-    check_type_meta, decode_body, json_response, validation, with_warnings, ApiServer, Req,
-};
+use super::{handler, Serve, Strategy, Subresource};
+use crate::apiserver::handlers::{self, get_object, write_update, Attempt};
+use crate::apiserver::patch::{self, PatchType};
+use crate::apiserver::status::{ApiError, ApiResult, Cause};
+use crate::apiserver::table::{age_cell, human_duration, name_cell, or_none, s, Col, AGE, NAME};
+use crate::apiserver::{check_type_meta, decode_body, json_response, model, objects, validation};
+use crate::apiserver::{ApiServer, Req};
 use crate::auth::{csr as csr_auth, Attributes};
 
 const APPROVED: &str = "Approved";
@@ -36,42 +38,118 @@ const FAILED: &str = "Failed";
 /// How often an update that lost a compare-and-swap is retried.
 const RETRIES: usize = 8;
 
-/// `POST certificatesigningrequests`.
-pub(crate) async fn create(
-    api: &Arc<ApiServer>,
-    r: &Req,
-    body: Bytes,
-) -> ApiResult<Response<Body>> {
-    let mut obj = decode_body(&body, r.content_type())?;
-    check_type_meta(r.def, &mut obj)?;
-    let id = &r.identity;
-    let spec = &mut obj["spec"];
-    if !spec.is_object() {
-        *spec = json!({});
+pub struct Csr;
+
+static SUBRESOURCES: &[Subresource] = &[
+    Subresource {
+        name: "status",
+        kind: "CertificateSigningRequest",
+        group_version: None,
+        verbs: &["get", "patch", "update"],
+        serve: Serve::Handler(handler!(subresource)),
+    },
+    Subresource {
+        name: "approval",
+        kind: "CertificateSigningRequest",
+        group_version: None,
+        verbs: &["get", "patch", "update"],
+        serve: Serve::Handler(handler!(subresource)),
+    },
+];
+
+impl Strategy for Csr {
+    /// The requester is whoever sends the request, whatever the body says
+    /// (the approver trusts these fields); the status starts empty.
+    fn prepare_for_create(&self, r: &Req, obj: &mut Value) {
+        let id = &r.identity;
+        let spec = &mut obj["spec"];
+        if !spec.is_object() {
+            *spec = json!({});
+        }
+        spec["username"] = json!(id.user);
+        spec["uid"] = json!(id.uid);
+        spec["groups"] = json!(id.groups);
+        if let Some(m) = spec.as_object_mut() {
+            m.remove("extra");
+        }
+        super::reset_status(r.def, obj);
     }
-    spec["username"] = json!(id.user);
-    spec["uid"] = json!(id.uid);
-    spec["groups"] = json!(id.groups);
-    if let Some(m) = spec.as_object_mut() {
-        m.remove("extra");
+
+    /// A CSR's spec is what was requested, and by whom: it never changes.
+    fn prepare_for_update(&self, old: &Value, new: &mut Value) {
+        new["spec"] = old["spec"].clone();
     }
-    csr_auth::admit_create(id, &obj).map_err(|why| {
-        ApiError::forbidden(format!(
-            "certificatesigningrequests.certificates.k8s.io is forbidden: {why}"
-        ))
-    })?;
-    let (created, warnings) = handlers::create_value(api, r, obj).await?;
-    Ok(with_warnings(json_response(201, &created), &warnings))
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        let mut c = Vec::new();
+        validate_spec(obj, &mut c);
+        c
+    }
+
+    /// Joining nodes and bootstrap tokens may ask only for their own
+    /// client certificates.
+    fn authorize_write<'a>(
+        &'a self,
+        _api: &'a ApiServer,
+        r: &'a Req,
+        old: Option<&'a Value>,
+        new: &'a Value,
+    ) -> BoxFuture<'a, ApiResult<()>> {
+        let decided = match old {
+            Some(_) => Ok(()),
+            None => csr_auth::admit_create(&r.identity, new).map_err(|why| {
+                ApiError::forbidden(format!(
+                    "certificatesigningrequests.certificates.k8s.io is forbidden: {why}"
+                ))
+            }),
+        };
+        Box::pin(std::future::ready(decided))
+    }
+
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &["spec.signerName"]
+    }
+
+    fn subresources(&self) -> &'static [Subresource] {
+        SUBRESOURCES
+    }
+
+    fn columns(&self) -> Vec<Col> {
+        vec![
+            NAME,
+            AGE,
+            ("SignerName", "string", 0, "signerName indicates the requested signer, and is a qualified name."),
+            ("Requestor", "string", 0, "username contains the name of the user that created the CertificateSigningRequest."),
+            ("RequestedDuration", "string", 0, "expirationSeconds is the requested duration of validity of the issued certificate."),
+            ("Condition", "string", 0, "conditions applied to the request. Known conditions are \"Approved\", \"Denied\", and \"Failed\"."),
+        ]
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let spec = &obj["spec"];
+        let duration = spec["expirationSeconds"]
+            .as_i64()
+            .map(human_duration)
+            .unwrap_or_else(|| "<none>".into());
+        vec![
+            name_cell(obj),
+            age_cell(obj),
+            json!(or_none(s(&spec["signerName"]))),
+            json!(s(&spec["username"])),
+            json!(duration),
+            json!(condition_column(obj)),
+        ]
+    }
 }
 
 /// `/approval` and `/status`.
-pub(crate) async fn subresource(
+async fn subresource(
     api: &Arc<ApiServer>,
     method: &Method,
     r: &Req,
-    sub: &str,
     body: Bytes,
 ) -> ApiResult<Response<Body>> {
+    let sub = r.sub.as_deref().unwrap_or_default();
     if *method == Method::GET {
         return handlers::get(api, r).await;
     }
@@ -103,7 +181,7 @@ pub(crate) async fn subresource(
         {
             return Err(ApiError::stale(r.def.group, r.def.plural, r.name()));
         }
-        let (wanted, _) = validation::decode_typed(r.def, &wanted)
+        let (wanted, _) = model::decode_typed(r.def, &wanted)
             .map_err(|e| ApiError::bad_request(format!("CertificateSigningRequest: {e}")))?;
         let now = objects::now_rfc3339();
         let new = if sub == "approval" {
@@ -330,6 +408,114 @@ async fn authorize_signer(
         }
     }
     Err(first.unwrap_or_else(|| ApiError::forbidden("not allowed")))
+}
+
+/// Key usages a CSR may list (upstream's `KeyUsage` values).
+const CSR_USAGES: &[&str] = &[
+    "signing",
+    "digital signature",
+    "content commitment",
+    "key encipherment",
+    "key agreement",
+    "data encipherment",
+    "cert sign",
+    "crl sign",
+    "encipher only",
+    "decipher only",
+    "any",
+    "server auth",
+    "client auth",
+    "code signing",
+    "email protection",
+    "s/mime",
+    "ipsec end system",
+    "ipsec tunnel",
+    "ipsec user",
+    "timestamping",
+    "ocsp signing",
+    "microsoft sgc",
+    "netscape sgc",
+];
+
+/// A CSR's request parses (and is signed by its own key), its signer is a
+/// qualified `domain/path` name, its usages are known, and a requested
+/// duration is at least ten minutes.
+fn validate_spec(obj: &Value, c: &mut Vec<Cause>) {
+    let spec = &obj["spec"];
+    match crate::auth::csr::decode_request(obj) {
+        None => c.push(Cause::required("spec.request")),
+        Some(pem) => {
+            if let Err(e) = skiff_bootstrap::csr::parse_pem(&pem) {
+                c.push(Cause::invalid(
+                    "spec.request",
+                    "<request data>",
+                    &e.to_string(),
+                ));
+            }
+        }
+    }
+    let signer = spec["signerName"].as_str().unwrap_or_default();
+    if signer.is_empty() {
+        c.push(Cause::required("spec.signerName"));
+    } else if !signer.split_once('/').is_some_and(|(domain, path)| {
+        domain.contains('.') && domain.split('.').all(validation::is_dns_label) && !path.is_empty()
+    }) {
+        c.push(Cause::invalid(
+            "spec.signerName",
+            signer,
+            "must be a fully qualified domain and path of the form 'example.com/signer-name'",
+        ));
+    }
+    let usages = spec["usages"].as_array().cloned().unwrap_or_default();
+    if usages.is_empty() {
+        c.push(Cause::required("spec.usages"));
+    }
+    for (i, u) in usages.iter().enumerate() {
+        let u = u.as_str().unwrap_or_default();
+        if !CSR_USAGES.contains(&u) {
+            c.push(Cause::not_supported(
+                format!("spec.usages[{i}]"),
+                u,
+                CSR_USAGES,
+            ));
+        }
+    }
+    if let Some(e) = spec["expirationSeconds"].as_i64() {
+        if e < 600 {
+            c.push(Cause::invalid(
+                "spec.expirationSeconds",
+                &e.to_string(),
+                "may not specify a duration less than 600 seconds (10 minutes)",
+            ));
+        }
+    }
+}
+
+/// kubectl's CSR condition: Denied, else Approved, else Pending; then
+/// `,Failed` and `,Issued` (`extractCSRStatus`).
+fn condition_column(obj: &Value) -> String {
+    let conds = obj["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let has = |t: &str| conds.iter().any(|c| c["type"] == t);
+    let mut out = if has("Denied") {
+        "Denied".to_string()
+    } else if has("Approved") {
+        "Approved".to_string()
+    } else {
+        "Pending".to_string()
+    };
+    if has("Failed") {
+        out += ",Failed";
+    }
+    if obj["status"]["certificate"]
+        .as_str()
+        .is_some_and(|c| !c.is_empty())
+    {
+        out += ",Issued";
+    }
+    out
 }
 
 #[cfg(test)]

@@ -10,8 +10,14 @@
 //!   new value, or on a delete row the value that was deleted (so that a
 //!   replayed delete event carries it, like etcd's `prev_kv`).
 //! - table `meta`: `compact_rev`, the compaction point.
+//! - table `expiry`: keys written with a TTL (see [`expiry`]).
 //! - The revision counter is `sqlite_sequence` for `kv`, so it never goes
 //!   back even when compaction removes the newest tombstones.
+//! - [`checkpoint`]: copying the WAL into the database beside the writer,
+//!   and keeping the WAL file bounded.
+//! - Space: the database is in `auto_vacuum=INCREMENTAL` mode and hands the
+//!   pages a compaction freed back to the file system right after it (a
+//!   database made before that mode gets one `VACUUM` when opened).
 //!
 //! Reading "the store at revision R" is "for each name, its newest row with
 //! `id <= R`, unless that row is a delete": this is what makes lists at a
@@ -21,11 +27,15 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::{Error, Event, KeyValue, ListResult, Result, SnapshotInfo, Store, WatchStream};
+
+mod checkpoint;
+mod expiry;
 
 const BACKEND: &str = "sqlite";
 
@@ -106,8 +116,11 @@ fn sql_err(context: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> Error 
     move |e| Error::backend_source(BACKEND, format!("{context}: {e}"), e)
 }
 
+/// How long a connection waits for a lock another one holds.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.set_prepared_statement_cache_capacity(32);
     // The bundled SQLite is built with STAT4, which makes a cached
     // statement whose plan might depend on a bound value (`name = ?1`,
@@ -139,17 +152,25 @@ impl SqliteStore {
         let revision = Arc::new(AtomicI64::new(revision));
         let (hub, _) = broadcast::channel(HUB_CAPACITY);
         let (writes, rx) = mpsc::channel(WRITE_QUEUE);
-        let (stop_checkpoints, stopped) = std::sync::mpsc::channel::<()>();
+        // The writer's WAL hook holds the only sender: the checkpoint
+        // thread stops when the writer's connection closes.
+        let (wake, woken) = checkpoint::channel();
+        let turn = checkpoint::Turn::default();
+        let mut conn = conn;
+        let wal =
+            checkpoint::WalBound::install(&mut conn, BUSY_TIMEOUT, wake, turn.clone()).map_err(
+                sql_err(format!("open {}: set the WAL hook", path.display())),
+            )?;
         let cp_path = path.clone();
         std::thread::Builder::new()
             .name("sqlite-checkpoint".into())
-            .spawn(move || checkpointer(&cp_path, stopped))
+            .spawn(move || checkpoint::run(&cp_path, woken, turn))
             .map_err(|e| Error::backend_source(BACKEND, "spawn checkpoint thread", e))?;
         let writer = Writer {
             conn,
+            wal,
             hub: hub.clone(),
             revision: revision.clone(),
-            _stop_checkpoints: stop_checkpoints,
         };
         std::thread::Builder::new()
             .name("sqlite-writer".into())
@@ -161,15 +182,15 @@ impl SqliteStore {
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(tokio::sync::Semaphore::new(MAX_READERS)),
         });
-        Ok(SqliteStore {
-            inner: Arc::new(Inner {
-                path,
-                writes,
-                readers,
-                hub,
-                revision,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            path,
+            writes,
+            readers,
+            hub,
+            revision,
+        });
+        tokio::spawn(expiry::sweeper(Arc::downgrade(&inner)));
+        Ok(SqliteStore { inner })
     }
 
     /// The database file.
@@ -200,6 +221,10 @@ fn open_writer(path: &Path) -> Result<(Connection, i64)> {
     let ctx = format!("open {}", path.display());
     let conn = Connection::open(path).map_err(sql_err(&ctx))?;
     configure(&conn).map_err(sql_err(&ctx))?;
+    // Takes effect only on a database without tables yet (a new one); an
+    // older one switches with the VACUUM below.
+    conn.execute_batch("PRAGMA auto_vacuum=INCREMENTAL")
+        .map_err(sql_err(&ctx))?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(sql_err(&ctx))?;
@@ -213,13 +238,50 @@ fn open_writer(path: &Path) -> Result<(Connection, i64)> {
     // survives power loss (NORMAL would only survive a process crash).
     // No automatic checkpoints on the writer: copying the WAL into the
     // database (and fsyncing it) would stall commits; the checkpoint thread
-    // does it beside the writer.
-    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;")
-        .map_err(sql_err(&ctx))?;
+    // does it beside the writer (and the WAL hook set in `open` replaces
+    // SQLite's auto-checkpoint hook anyway). When the WAL is started over
+    // after a complete checkpoint, a file grown past the limit is cut back
+    // to it.
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0; PRAGMA journal_size_limit={};",
+        checkpoint::WAL_LIMIT_BYTES
+    ))
+    .map_err(sql_err(&ctx))?;
     conn.execute_batch(SCHEMA)
         .map_err(sql_err(format!("{ctx}: create schema")))?;
+    conn.execute_batch(expiry::SCHEMA)
+        .map_err(sql_err(format!("{ctx}: create schema")))?;
+    switch_to_incremental_vacuum(&conn, path).map_err(sql_err(&ctx))?;
     let revision = current_rev(&conn).map_err(sql_err(&ctx))?;
     Ok((conn, revision))
+}
+
+/// A database created before `auto_vacuum=INCREMENTAL` (or with it off)
+/// changes mode only by being rebuilt: one `VACUUM`, which copies every
+/// live page once through the WAL (measured: 0.2 s for a 12 MB database
+/// of 20,000 Lease revisions, against 10-30 ms for a normal open, and a
+/// WAL of the database's size until the checkpoint right after it) and is
+/// never needed again.
+fn switch_to_incremental_vacuum(conn: &Connection, path: &Path) -> rusqlite::Result<()> {
+    let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+    if mode == 2 {
+        return Ok(());
+    }
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let before = size(path);
+    let start = std::time::Instant::now();
+    conn.execute_batch("PRAGMA auto_vacuum=INCREMENTAL; VACUUM;")?;
+    // The rebuilt database went through the WAL; nobody reads yet, so
+    // copy it in and empty the WAL now.
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    tracing::info!(
+        path = %path.display(),
+        bytes_before = before,
+        bytes_after = size(path),
+        millis = start.elapsed().as_millis() as u64,
+        "sqlite database switched to incremental auto-vacuum (one-time VACUUM)"
+    );
+    Ok(())
 }
 
 fn current_rev(conn: &Connection) -> rusqlite::Result<i64> {
@@ -267,11 +329,13 @@ enum Op {
     Create {
         key: String,
         value: Vec<u8>,
+        ttl: Option<Duration>,
     },
     Update {
         key: String,
         value: Vec<u8>,
         expected: i64,
+        ttl: Option<Duration>,
     },
     Delete {
         key: String,
@@ -296,32 +360,12 @@ struct WriteRequest {
 
 struct Writer {
     conn: Connection,
+    /// Starts the WAL over when the writer's commits made it too big; the
+    /// connection's WAL hook wakes the checkpoint thread, and closing the
+    /// connection stops that thread.
+    wal: checkpoint::WalBound,
     hub: broadcast::Sender<Arc<Vec<Event>>>,
     revision: Arc<AtomicI64>,
-    /// Dropped with the writer: tells the checkpoint thread to stop.
-    _stop_checkpoints: std::sync::mpsc::Sender<()>,
-}
-
-/// How often the checkpoint thread copies the WAL into the database.
-const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Copies committed WAL frames into the database file (PASSIVE: never
-/// blocks the writer or readers) until the writer goes away. Without it the
-/// WAL would grow forever, since the writer does not checkpoint.
-fn checkpointer(path: &Path, stop: std::sync::mpsc::Receiver<()>) {
-    let conn = match Connection::open(path).and_then(|c| configure(&c).map(|()| c)) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(path = %path.display(), error = %e, "sqlite checkpoint thread cannot open the database; the WAL will grow");
-            return;
-        }
-    };
-    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(CHECKPOINT_EVERY)
-    {
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(path = %path.display(), error = %e, "sqlite checkpoint failed");
-        }
-    }
 }
 
 /// The newest row of one key.
@@ -330,6 +374,18 @@ struct Latest {
     create_revision: i64,
     deleted: bool,
     value: Vec<u8>,
+}
+
+impl Latest {
+    /// The key's value as this row left it.
+    fn into_kv(self, key: &str) -> KeyValue {
+        KeyValue {
+            key: key.to_string(),
+            value: self.value,
+            create_revision: self.create_revision,
+            mod_revision: self.id,
+        }
+    }
 }
 
 impl Writer {
@@ -402,6 +458,8 @@ impl Writer {
                 }
             }
         }
+        // After the answers: the writes of this group do not wait for it.
+        self.wal.after_commit(&self.conn);
     }
 
     fn compact(&mut self, revision: i64) -> Result<()> {
@@ -428,6 +486,16 @@ impl Writer {
         let mut from = old;
         while from < revision {
             let to = (from + COMPACT_CHUNK).min(revision);
+            // The rows the last compaction kept (the state at `old`) are
+            // superseded by the first newer row of their key, which points
+            // at them. This runs before the chunk's own rows go, so the
+            // pointer is still there.
+            tx.execute(
+                "DELETE FROM kv WHERE id IN (SELECT prev_revision FROM kv
+                     WHERE id > ?1 AND id <= ?2 AND prev_revision > 0 AND prev_revision <= ?3)",
+                params![from, to, old],
+            )
+            .map_err(sql_err(&ctx))?;
             tx.execute(
                 "DELETE FROM kv WHERE id > ?1 AND id <= ?2 AND (deleted = 1 OR EXISTS (
                      SELECT 1 FROM kv AS n WHERE n.name = kv.name AND n.id > kv.id AND n.id <= ?3))",
@@ -442,9 +510,25 @@ impl Writer {
         )
         .map_err(sql_err(&ctx))?;
         tx.commit().map_err(sql_err(&ctx))?;
+        // Give the pages the deleted rows freed back to the file system (a
+        // no-op in a database without auto_vacuum). Compaction was already
+        // committed; a failure here only leaves the space for later writes.
+        if let Err(e) = incremental_vacuum(&self.conn) {
+            tracing::warn!(error = %e, "sqlite: incremental vacuum after compaction failed");
+        }
+        self.wal.after_commit(&self.conn);
         tracing::debug!(revision, "sqlite store compacted");
         Ok(())
     }
+}
+
+/// Free every page on the free list. The pragma frees one page per row it
+/// returns, so it runs to its end.
+fn incremental_vacuum(conn: &Connection) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached("PRAGMA incremental_vacuum")?;
+    let mut rows = stmt.query([])?;
+    while rows.next()?.is_some() {}
+    Ok(())
 }
 
 impl Op {
@@ -502,10 +586,11 @@ fn insert(
 #[allow(clippy::type_complexity)]
 fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Event>)>> {
     Ok(match op {
-        Op::Create { key, value } => match latest(conn, key)? {
+        Op::Create { key, value, ttl } => match latest(conn, key)? {
             Some(l) if !l.deleted => Err(Error::AlreadyExists { key: key.clone() }),
             prev => {
                 let id = insert(conn, key, true, false, 0, prev.map_or(0, |l| l.id), value)?;
+                expiry::set(conn, key, *ttl, id)?;
                 let kv = KeyValue {
                     key: key.clone(),
                     value: value.clone(),
@@ -519,6 +604,7 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Ev
             key,
             value,
             expected,
+            ttl,
         } => match latest(conn, key)? {
             None => Err(Error::NotFound { key: key.clone() }),
             Some(l) if l.deleted => Err(Error::NotFound { key: key.clone() }),
@@ -527,20 +613,19 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Ev
                 expected: *expected,
                 actual: l.id,
             }),
+            // The same bytes: nothing to write, nothing to tell watchers
+            // (upstream's GuaranteedUpdate short-circuit).
+            Some(l) if l.value == *value => Ok((Done::Kv(l.into_kv(key)), None)),
             Some(l) => {
                 let id = insert(conn, key, false, false, l.create_revision, l.id, value)?;
+                expiry::set(conn, key, *ttl, id)?;
                 let kv = KeyValue {
                     key: key.clone(),
                     value: value.clone(),
                     create_revision: l.create_revision,
                     mod_revision: id,
                 };
-                let prev = KeyValue {
-                    key: key.clone(),
-                    value: l.value,
-                    create_revision: l.create_revision,
-                    mod_revision: l.id,
-                };
+                let prev = l.into_kv(key);
                 Ok((
                     Done::Kv(kv.clone()),
                     Some(Event::Put {
@@ -562,12 +647,8 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<Result<(Done, Option<Ev
                 // The tombstone keeps the deleted value, so that a replayed
                 // delete event carries it.
                 let id = insert(conn, key, false, true, l.create_revision, l.id, &l.value)?;
-                let prev = KeyValue {
-                    key: key.clone(),
-                    value: l.value,
-                    create_revision: l.create_revision,
-                    mod_revision: l.id,
-                };
+                expiry::clear(conn, key)?;
+                let prev = l.into_kv(key);
                 Ok((
                     Done::Deleted(prev.clone(), id),
                     Some(Event::Delete { prev, revision: id }),
@@ -897,12 +978,7 @@ impl Store for SqliteStore {
             .readers
             .read_here(|c| {
                 let l = latest(c, key).map_err(|e| sql_err(format!("get {key}"))(e))?;
-                Ok(l.filter(|l| !l.deleted).map(|l| KeyValue {
-                    key: key.to_string(),
-                    value: l.value,
-                    create_revision: l.create_revision,
-                    mod_revision: l.id,
-                }))
+                Ok(l.filter(|l| !l.deleted).map(|l| l.into_kv(key)))
             })
             .await
     }
@@ -922,11 +998,17 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue> {
+    async fn create_with_ttl(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> Result<KeyValue> {
         match self
             .write(Op::Create {
                 key: key.to_string(),
                 value,
+                ttl,
             })
             .await?
         {
@@ -935,11 +1017,18 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn update(&self, key: &str, value: Vec<u8>, expected_revision: i64) -> Result<KeyValue> {
+    async fn update_with_ttl(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected_revision: i64,
+        ttl: Option<Duration>,
+    ) -> Result<KeyValue> {
         let op = Op::Update {
             key: key.to_string(),
             value,
             expected: expected_revision,
+            ttl,
         };
         match self.write(op).await? {
             Done::Kv(kv) => Ok(kv),

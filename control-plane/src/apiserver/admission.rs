@@ -1,0 +1,167 @@
+//! The built-in admission plugins, run by the generic verbs around each
+//! write (upstream's admission chain: mutating plugins after defaulting,
+//! validating ones after the kind's validation). Each plugin decides
+//! itself which requests it looks at, by resource and operation, as
+//! upstream's do.
+//!
+//! - NamespaceLifecycle: nothing is created in a namespace that does not
+//!   exist or is terminating.
+//! - NodeRestriction: a node writes only its own Node, Lease and pods'
+//!   status ([`crate::auth::node::admit`]).
+//! - DefaultTolerationSeconds: pods tolerate not-ready / unreachable nodes
+//!   for a while before the node lifecycle controller evicts them.
+//!
+//! Checks that belong to one kind (who may ask for which certificate, who
+//! may grant which permissions) are that kind's strategy's
+//! `authorize_write`.
+
+use serde_json::{json, Value};
+
+use super::objects;
+use super::status::{ApiError, ApiResult};
+use super::{ApiServer, Req};
+use crate::auth::node;
+
+/// Mutating admission of a new object, after its defaults.
+pub(crate) fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) {
+    if r.attrs.group.is_empty() && r.attrs.resource == "pods" {
+        default_tolerations(obj, &api.default_toleration_seconds);
+    }
+}
+
+/// Validating admission of a create (`old` None), an update, or a delete
+/// (`new` None), after the kind's validation.
+///
+/// # Errors
+/// 403 (or 404 for a missing namespace) naming the plugin's reason.
+pub(crate) async fn validate(
+    api: &ApiServer,
+    r: &Req,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> ApiResult<()> {
+    if let Some(node) = r.node() {
+        node::admit(node, &r.attrs, old, new).map_err(ApiError::forbidden)?;
+    }
+    let (Some(new), None) = (new, old) else {
+        return Ok(());
+    };
+    if r.def.namespaced {
+        namespace_lifecycle(api, objects::namespace(new).unwrap_or_default()).await?;
+    }
+    Ok(())
+}
+
+/// Namespace lifecycle admission: the namespace must exist and not be
+/// terminating for anything to be created in it.
+async fn namespace_lifecycle(api: &ApiServer, ns: &str) -> ApiResult<()> {
+    // A namespace seen active within the last second is taken as still
+    // active (upstream's lifecycle admission reads an informer cache, which
+    // lags the same way); deletes of namespaces clear the entry.
+    if api.namespace_recently_active(ns) {
+        return Ok(());
+    }
+    let key = format!("/registry/core/namespaces/{ns}");
+    let kv = api.store.get(&key).await.map_err(ApiError::from)?;
+    let Some(kv) = kv else {
+        return Err(ApiError::not_found("", "namespaces", ns));
+    };
+    let v: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
+    if objects::has_deletion_timestamp(&v) || v["status"]["phase"] == "Terminating" {
+        return Err(ApiError {
+            details: Some(
+                json!({"name": ns, "kind": "namespaces", "causes": [{"reason": "NamespaceTerminating", "message": format!("namespace {ns} is being terminated"), "field": "metadata.namespace"}]}),
+            ),
+            ..ApiError::forbidden(format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            ))
+        });
+    }
+    api.note_namespace_active(ns);
+    Ok(())
+}
+
+/// The DefaultTolerationSeconds admission plugin's settings
+/// (`--default-not-ready-toleration-seconds`,
+/// `--default-unreachable-toleration-seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefaultTolerationSeconds {
+    pub not_ready: i64,
+    pub unreachable: i64,
+}
+
+impl Default for DefaultTolerationSeconds {
+    /// Upstream's 300 s for both.
+    fn default() -> Self {
+        DefaultTolerationSeconds {
+            not_ready: 300,
+            unreachable: 300,
+        }
+    }
+}
+
+pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
+pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+/// DefaultTolerationSeconds admission, on pod create: a pod that does not
+/// already tolerate the not-ready / unreachable NoExecute taints gets a
+/// toleration for each with `tolerationSeconds`, so that the node
+/// lifecycle controller evicts it that long after its node fails.
+/// A toleration with an empty key or effect counts as tolerating (as
+/// upstream's plugin checks).
+pub fn default_tolerations(obj: &mut Value, secs: &DefaultTolerationSeconds) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let tol = spec.entry("tolerations").or_insert_with(|| json!([]));
+    if tol.is_null() {
+        *tol = json!([]);
+    }
+    let Some(list) = tol.as_array_mut() else {
+        return;
+    };
+    for (key, seconds) in [
+        (TAINT_NOT_READY, secs.not_ready),
+        (TAINT_UNREACHABLE, secs.unreachable),
+    ] {
+        let tolerated = list.iter().any(|t| {
+            let k = t.get("key").and_then(Value::as_str).unwrap_or_default();
+            let e = t.get("effect").and_then(Value::as_str).unwrap_or_default();
+            (k == key || k.is_empty()) && (e == "NoExecute" || e.is_empty())
+        });
+        if !tolerated {
+            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_tolerations_only_where_missing() {
+        let secs = DefaultTolerationSeconds {
+            not_ready: 7,
+            unreachable: 9,
+        };
+        let mut pod = json!({"spec": {"tolerations": [
+            {"key": TAINT_UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2}
+        ]}});
+        default_tolerations(&mut pod, &secs);
+        assert_eq!(
+            pod["spec"]["tolerations"],
+            json!([
+                {"key": TAINT_UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2},
+                {"key": TAINT_NOT_READY, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 7},
+            ])
+        );
+        // Tolerating everything (empty key, empty effect) needs nothing more.
+        let mut all = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
+        default_tolerations(&mut all, &secs);
+        assert_eq!(all["spec"]["tolerations"].as_array().unwrap().len(), 1);
+        let mut bare = json!({"spec": {}});
+        default_tolerations(&mut bare, &secs);
+        assert_eq!(bare["spec"]["tolerations"][1]["tolerationSeconds"], 9);
+    }
+}

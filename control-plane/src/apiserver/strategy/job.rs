@@ -1,0 +1,172 @@
+//! Jobs (`batch/v1`): defaults, the selector the server generates on the
+//! Job's own uid (upstream's job strategy `generateSelector`), validation
+//! and the `kubectl get jobs` columns.
+
+use serde_json::{json, Value};
+
+use super::workloads::validate_workload;
+use super::Strategy;
+use crate::apiserver::defaults::{obj_field, set, template};
+use crate::apiserver::objects::{self, parse_time};
+use crate::apiserver::status::Cause;
+use crate::apiserver::table::{
+    age_cell, human_duration, i, name_cell, template_cells, Col, AGE, NAME, TEMPLATE,
+};
+use crate::apiserver::Req;
+
+pub struct Job;
+
+impl Strategy for Job {
+    fn prepare_for_create(&self, r: &Req, obj: &mut Value) {
+        super::reset_status(r.def, obj);
+        generate_selector(obj);
+    }
+
+    /// A selector generated on create is kept by updates that leave it out.
+    fn prepare_for_update(&self, old: &Value, new: &mut Value) {
+        if new["spec"]["selector"].is_null() {
+            new["spec"]["selector"] = old["spec"]["selector"].clone();
+        }
+    }
+
+    fn default(&self, obj: &mut Value) {
+        let spec = obj_field(obj, "spec");
+        set(spec, "parallelism", json!(1));
+        if !spec.contains_key("completions")
+            && spec.get("completionMode").and_then(Value::as_str) != Some("Indexed")
+        {
+            spec.insert("completions".into(), json!(1));
+        }
+        set(spec, "backoffLimit", json!(6));
+        set(spec, "completionMode", json!("NonIndexed"));
+        set(spec, "suspend", json!(false));
+        set(spec, "manualSelector", json!(false));
+        set(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+        template(spec);
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        let manual = obj["spec"]["manualSelector"].as_bool() == Some(true);
+        let mut c = validate_workload(obj, manual);
+        match obj["spec"]["template"]["spec"]["restartPolicy"].as_str() {
+            Some("OnFailure" | "Never") => {}
+            Some(rp) => c.push(Cause::not_supported(
+                "spec.template.spec.restartPolicy",
+                rp,
+                &["OnFailure", "Never"],
+            )),
+            None => c.push(Cause::required("spec.template.spec.restartPolicy")),
+        }
+        c
+    }
+
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &["status.successful"]
+    }
+
+    fn columns(&self) -> Vec<Col> {
+        let mut cols = vec![
+            NAME,
+            ("Status", "string", 0, "Status of the job."),
+            (
+                "Completions",
+                "string",
+                0,
+                "The desired number of successfully finished pods the job should be run with.",
+            ),
+            (
+                "Duration",
+                "string",
+                0,
+                "Time required to complete the job.",
+            ),
+            AGE,
+        ];
+        cols.extend(TEMPLATE);
+        cols
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let (spec, st) = (&obj["spec"], &obj["status"]);
+        let conds = st["conditions"].as_array().cloned().unwrap_or_default();
+        let has = |t: &str| {
+            conds
+                .iter()
+                .any(|c| c["type"] == t && c["status"] == "True")
+        };
+        let status = if has("Complete") {
+            "Complete"
+        } else if has("Failed") {
+            "Failed"
+        } else if has("FailureTarget") {
+            "FailureTarget"
+        } else if has("SuccessCriteriaMet") {
+            "SuccessCriteriaMet"
+        } else if spec["suspend"].as_bool() == Some(true) || has("Suspended") {
+            "Suspended"
+        } else if objects::has_deletion_timestamp(obj) {
+            "Terminating"
+        } else {
+            "Running"
+        };
+        let completions = match spec["completions"].as_i64() {
+            Some(n) => format!("{}/{}", i(&st["succeeded"]), n),
+            None => {
+                let p = spec["parallelism"].as_i64().unwrap_or(0);
+                if p > 1 {
+                    format!("{}/1 of {}", i(&st["succeeded"]), p)
+                } else {
+                    format!("{}/1", i(&st["succeeded"]))
+                }
+            }
+        };
+        let duration = match (
+            st["startTime"].as_str().and_then(parse_time),
+            st["completionTime"].as_str().and_then(parse_time),
+        ) {
+            (Some(a), Some(b)) => human_duration(b.signed_duration_since(a).num_seconds()),
+            (Some(a), None) => {
+                human_duration(chrono::Utc::now().signed_duration_since(a).num_seconds())
+            }
+            _ => String::new(),
+        };
+        let mut cells = vec![
+            name_cell(obj),
+            json!(status),
+            json!(completions),
+            json!(duration),
+            age_cell(obj),
+        ];
+        cells.extend(template_cells(obj));
+        cells
+    }
+}
+
+/// Jobs get a generated selector on their own uid (unless manualSelector),
+/// and the template gets the matching labels.
+fn generate_selector(obj: &mut Value) {
+    if obj["spec"]["manualSelector"].as_bool() == Some(true) {
+        return;
+    }
+    let uid = obj["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    obj["spec"]["selector"] = json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}});
+    let tmpl = &mut obj["spec"]["template"];
+    if !tmpl["metadata"].is_object() {
+        tmpl["metadata"] = json!({});
+    }
+    if !tmpl["metadata"]["labels"].is_object() {
+        tmpl["metadata"]["labels"] = json!({});
+    }
+    let labels = &mut tmpl["metadata"]["labels"];
+    labels["batch.kubernetes.io/controller-uid"] = json!(uid);
+    labels["batch.kubernetes.io/job-name"] = json!(name);
+    labels["controller-uid"] = json!(uid);
+    labels["job-name"] = json!(name);
+}

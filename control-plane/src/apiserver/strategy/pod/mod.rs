@@ -1,0 +1,190 @@
+//! Pods (`core/v1`): defaults and admission-time fields, validation, the
+//! QoS class on create, graceful deletion, the node-served subresources and
+//! the `kubectl get pods` columns (upstream's `pkg/registry/core/pod`).
+
+mod binding;
+mod print;
+
+use serde_json::{json, Value};
+
+use super::{handler, Serve, Strategy, Subresource};
+use crate::apiserver::defaults;
+use crate::apiserver::handlers::DeleteOptions;
+use crate::apiserver::objects::{self, meta_mut};
+use crate::apiserver::status::Cause;
+use crate::apiserver::table::Col;
+use crate::apiserver::validation;
+use crate::apiserver::ApiServer;
+use crate::apiserver::Req;
+
+pub struct Pod;
+
+static SUBRESOURCES: &[Subresource] = &[
+    Subresource {
+        name: "binding",
+        kind: "Binding",
+        group_version: None,
+        verbs: &["create"],
+        serve: Serve::Handler(handler!(binding::binding)),
+    },
+    Subresource {
+        name: "eviction",
+        kind: "Eviction",
+        group_version: Some(("policy", "v1")),
+        verbs: &["create"],
+        serve: Serve::Handler(handler!(binding::eviction)),
+    },
+    Subresource {
+        name: "log",
+        kind: "Pod",
+        group_version: None,
+        verbs: &["get"],
+        serve: Serve::Node,
+    },
+    Subresource {
+        name: "exec",
+        kind: "PodExecOptions",
+        group_version: None,
+        verbs: &["create", "get"],
+        serve: Serve::Node,
+    },
+    Subresource {
+        name: "attach",
+        kind: "PodAttachOptions",
+        group_version: None,
+        verbs: &["create", "get"],
+        serve: Serve::Node,
+    },
+    Subresource {
+        name: "portforward",
+        kind: "PodPortForwardOptions",
+        group_version: None,
+        verbs: &["create", "get"],
+        serve: Serve::Node,
+    },
+];
+
+impl Strategy for Pod {
+    /// A new pod is Pending, with its QoS class.
+    fn prepare_for_create(&self, _r: &Req, obj: &mut Value) {
+        obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(obj)});
+    }
+
+    fn default(&self, obj: &mut Value) {
+        if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+            defaults::pod_spec(spec, true);
+        }
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        let mut c = Vec::new();
+        validation::pod_spec("spec", obj.get("spec"), &mut c);
+        c
+    }
+
+    /// A bound pod that may still run is deleted gracefully: it stays,
+    /// with its deadline, until its node has stopped it.
+    fn mark_deleted(&self, _api: &ApiServer, obj: &mut Value, opts: &DeleteOptions) -> bool {
+        super::add_propagation_finalizer(obj, opts);
+        let grace = grace_period(obj, opts.grace);
+        let graceful = grace > 0;
+        if graceful {
+            let current = obj["metadata"]["deletionGracePeriodSeconds"].as_i64();
+            // A second delete may only shorten the grace period.
+            if current.is_none_or(|c| grace < c) {
+                let at = chrono::Utc::now() + chrono::Duration::seconds(grace);
+                let ts = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let m = meta_mut(obj);
+                m.insert("deletionTimestamp".into(), json!(ts));
+                m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+            }
+        } else if objects::has_deletion_timestamp(obj) {
+            meta_mut(obj).insert("deletionGracePeriodSeconds".into(), json!(0));
+        }
+        super::hold_for_finalizers(obj, opts) || graceful
+    }
+
+    /// The node finishes a graceful deletion by deleting with grace 0.
+    fn holds_deletion(&self, obj: &Value) -> bool {
+        obj["metadata"]["deletionGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(0)
+            > 0
+    }
+
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ]
+    }
+
+    fn subresources(&self) -> &'static [Subresource] {
+        SUBRESOURCES
+    }
+
+    fn columns(&self) -> Vec<Col> {
+        print::COLUMNS.to_vec()
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        print::cells(obj)
+    }
+}
+
+/// The grace period a pod deletion gets: none for pods never bound to a
+/// node or already finished (nothing runs that must stop).
+fn grace_period(pod: &Value, asked: Option<i64>) -> i64 {
+    let bound = pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
+    let phase = pod["status"]["phase"].as_str().unwrap_or_default();
+    if !bound || phase == "Succeeded" || phase == "Failed" {
+        return 0;
+    }
+    let g = asked.unwrap_or_else(|| {
+        pod["spec"]["terminationGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(30)
+    });
+    // Upstream turns a requested 0 into 1 for bound pods unless forced; the
+    // node then finishes the deletion right away. Honour 0 as immediate.
+    g.max(0)
+}
+
+/// The pod's QoS class, computed from requests and limits as upstream does.
+fn qos_class(pod: &Value) -> &'static str {
+    let cs: Vec<&Value> = ["containers", "initContainers"]
+        .iter()
+        .flat_map(|f| pod["spec"][*f].as_array().into_iter().flatten())
+        .collect();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in &cs {
+        let req = c["resources"]["requests"].as_object();
+        let lim = c["resources"]["limits"].as_object();
+        if req.is_some_and(|m| !m.is_empty()) || lim.is_some_and(|m| !m.is_empty()) {
+            any = true;
+        }
+        for res in ["cpu", "memory"] {
+            let l = lim.and_then(|m| m.get(res));
+            let q = req.and_then(|m| m.get(res)).or(l);
+            if l.is_none() || q != l {
+                guaranteed = false;
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}

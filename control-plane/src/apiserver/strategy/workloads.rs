@@ -1,0 +1,221 @@
+//! Deployments, ReplicaSets and DaemonSets (`apps/v1`): their defaults,
+//! the validation every workload with a pod template shares (Jobs use it
+//! too), and their `kubectl get` columns.
+
+use serde_json::{json, Map, Value};
+
+use super::Strategy;
+use crate::apiserver::defaults::{obj_field, obj_field_map, set, template};
+use crate::apiserver::objects;
+use crate::apiserver::selectors::LabelSelector;
+use crate::apiserver::status::Cause;
+use crate::apiserver::table::{
+    age_cell, i, name_cell, or_none, s, template_cells, Col, AGE, NAME, TEMPLATE,
+};
+use crate::apiserver::validation;
+
+pub struct Deployment;
+pub struct ReplicaSet;
+pub struct DaemonSet;
+
+impl Strategy for Deployment {
+    fn default(&self, obj: &mut Value) {
+        let spec = obj_field(obj, "spec");
+        set(spec, "replicas", json!(1));
+        set(spec, "revisionHistoryLimit", json!(10));
+        set(spec, "progressDeadlineSeconds", json!(600));
+        rolling_update(spec, "strategy", json!("25%"), json!("25%"));
+        template(spec);
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        validate_workload(obj, true)
+    }
+
+    fn columns(&self) -> Vec<Col> {
+        let mut cols = vec![
+            NAME,
+            ("Ready", "string", 0, "Number of the pod with ready state"),
+            ("Up-to-date", "string", 0, "Total number of non-terminated pods targeted by this deployment that have the desired template spec."),
+            ("Available", "string", 0, "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment."),
+            AGE,
+        ];
+        cols.extend(TEMPLATE);
+        cols
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let (spec, st) = (&obj["spec"], &obj["status"]);
+        let mut cells = vec![
+            name_cell(obj),
+            json!(format!(
+                "{}/{}",
+                i(&st["readyReplicas"]),
+                i(&spec["replicas"])
+            )),
+            json!(i(&st["updatedReplicas"])),
+            json!(i(&st["availableReplicas"])),
+            age_cell(obj),
+        ];
+        cells.extend(template_cells(obj));
+        cells
+    }
+}
+
+impl Strategy for ReplicaSet {
+    fn default(&self, obj: &mut Value) {
+        let spec = obj_field(obj, "spec");
+        set(spec, "replicas", json!(1));
+        template(spec);
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        validate_workload(obj, true)
+    }
+
+    fn selectable_fields(&self) -> &'static [&'static str] {
+        &["status.replicas"]
+    }
+
+    fn columns(&self) -> Vec<Col> {
+        let mut cols = vec![
+            NAME,
+            ("Desired", "integer", 0, "Number of desired pods."),
+            ("Current", "integer", 0, "Number of actual replicas."),
+            (
+                "Ready",
+                "integer",
+                0,
+                "The number of ready replicas for this replica set.",
+            ),
+            AGE,
+        ];
+        cols.extend(TEMPLATE);
+        cols
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let (spec, st) = (&obj["spec"], &obj["status"]);
+        let mut cells = vec![
+            name_cell(obj),
+            json!(i(&spec["replicas"])),
+            json!(i(&st["replicas"])),
+            json!(i(&st["readyReplicas"])),
+            age_cell(obj),
+        ];
+        cells.extend(template_cells(obj));
+        cells
+    }
+}
+
+impl Strategy for DaemonSet {
+    fn default(&self, obj: &mut Value) {
+        let spec = obj_field(obj, "spec");
+        set(spec, "revisionHistoryLimit", json!(10));
+        rolling_update(spec, "updateStrategy", json!(1), json!(0));
+        template(spec);
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        validate_workload(obj, true)
+    }
+
+    fn columns(&self) -> Vec<Col> {
+        let mut cols = vec![
+            NAME,
+            ("Desired", "integer", 0, "The total number of nodes that should be running the daemon pod."),
+            ("Current", "integer", 0, "The number of nodes that are running at least 1 daemon pod."),
+            ("Ready", "integer", 0, "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and ready."),
+            ("Up-to-date", "integer", 0, "The total number of nodes that are running updated daemon pod"),
+            ("Available", "integer", 0, "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and available."),
+            ("Node Selector", "string", 0, "NodeSelector is a selector which must be true for the pod to fit on a node."),
+            AGE,
+        ];
+        cols.extend(TEMPLATE);
+        cols
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let (spec, st) = (&obj["spec"], &obj["status"]);
+        let ns: Vec<String> = spec["template"]["spec"]["nodeSelector"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(v))).collect())
+            .unwrap_or_default();
+        let mut cells = vec![
+            name_cell(obj),
+            json!(i(&st["desiredNumberScheduled"])),
+            json!(i(&st["currentNumberScheduled"])),
+            json!(i(&st["numberReady"])),
+            json!(i(&st["updatedNumberScheduled"])),
+            json!(i(&st["numberAvailable"])),
+            json!(or_none(ns.join(","))),
+            age_cell(obj),
+        ];
+        cells.extend(template_cells(obj));
+        cells
+    }
+}
+
+/// The update strategy at `field` defaults to RollingUpdate, and a rolling
+/// update to these bounds.
+fn rolling_update(spec: &mut Map<String, Value>, field: &str, unavailable: Value, surge: Value) {
+    let strategy = obj_field_map(spec, field);
+    set(strategy, "type", json!("RollingUpdate"));
+    if strategy.get("type").and_then(Value::as_str) == Some("RollingUpdate") {
+        let ru = obj_field_map(strategy, "rollingUpdate");
+        set(ru, "maxUnavailable", unavailable);
+        set(ru, "maxSurge", surge);
+    }
+}
+
+/// A workload's replicas, pod template and selector. `needs_selector`:
+/// the client must bring a selector that selects the template's labels,
+/// or the controller would adopt nothing (Jobs generate theirs unless
+/// `manualSelector`).
+pub(super) fn validate_workload(obj: &Value, needs_selector: bool) -> Vec<Cause> {
+    let mut c = Vec::new();
+    let spec = &obj["spec"];
+    if let Some(r) = spec.get("replicas").and_then(Value::as_i64) {
+        if r < 0 {
+            c.push(Cause::invalid(
+                "spec.replicas",
+                &r.to_string(),
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
+    let template = &spec["template"];
+    validation::pod_spec("spec.template.spec", template.get("spec"), &mut c);
+    if !needs_selector {
+        return c;
+    }
+    match spec.get("selector") {
+        None | Some(Value::Null) => c.push(Cause::required("spec.selector")),
+        Some(sel) => {
+            let ml = sel.get("matchLabels").and_then(Value::as_object);
+            let has_expr = sel
+                .get("matchExpressions")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
+            if ml.is_none_or(|m| m.is_empty()) && !has_expr {
+                c.push(Cause::invalid(
+                    "spec.selector",
+                    "{}",
+                    "empty selector is invalid for deployment",
+                ));
+            } else if let Some(ml) = ml {
+                let labels = objects::labels(template);
+                if !LabelSelector::from_map(ml).matches_labels(&labels) {
+                    let shown =
+                        serde_json::to_string(&template["metadata"]["labels"]).unwrap_or_default();
+                    c.push(Cause::invalid(
+                        "spec.template.metadata.labels",
+                        &shown,
+                        "`selector` does not match template `labels`",
+                    ));
+                }
+            }
+        }
+    }
+    c
+}
