@@ -24,13 +24,23 @@ if running "$RUN/agent.pid" && command -v skiff-agent >/dev/null; then
         sleep 0.5
     done
 fi
-for p in agent server containerd; do
-    if running "$RUN/$p.pid"; then
-        kill "$(cat "$RUN/$p.pid")"
-        for _ in $(seq 50); do running "$RUN/$p.pid" || break; sleep 0.1; done
+stop() {
+    if running "$RUN/$1.pid"; then
+        kill "$(cat "$RUN/$1.pid")"
+        for _ in $(seq 50); do running "$RUN/$1.pid" || break; sleep 0.1; done
     fi
-    rm -f "$RUN/$p.pid"
-done
+    rm -f "$RUN/$1.pid"
+}
+stop agent
+stop server
+# Whatever the agent did not tear down (it was not running, or its pods
+# outlived the wait) goes through CRI while containerd is still up: a
+# sandbox left behind keeps its cni-* network namespace.
+if running "$RUN/containerd.pid" && command -v skiff-agent >/dev/null; then
+    skiff-agent remove-pods --container-runtime-endpoint "unix://$RUN/containerd/containerd.sock" \
+        --pod-log-dir /var/log/pods || true
+fi
+stop containerd
 # The proxy's rules outlive the agent by design (a restart must not cut
 # connections); stopping the cluster removes them.
 command -v skiff-agent >/dev/null && skiff-agent --cleanup >/dev/null 2>&1 || true

@@ -6,10 +6,16 @@
 //! - [`logging`]: the `tracing` subscriber: journald's `<N>` priority
 //!   prefixes and no timestamps or colours when stderr is the journal,
 //!   colours only on a terminal otherwise.
+//! - [`limits`]: bounds on a network server's callers: the descriptor
+//!   limit raised, connection caps in all and per source, idle timeouts.
+//! - [`serve`]: the HTTPS accept loop and connections both servers run,
+//!   within those bounds.
 //! - [`install`]: the shipped unit files, rendered and installed with the
 //!   binary; `systemctl` behind a narrow trait.
 #![forbid(unsafe_code)]
 
 pub mod install;
+pub mod limits;
 pub mod logging;
 pub mod notify;
+pub mod serve;

@@ -86,6 +86,9 @@ pub struct AgentOptions {
     pub node_name: Option<String>,
     /// Extra flags, e.g. `--crash-loop-back-off-initial=1s`.
     pub extra_args: Vec<String>,
+    /// Start as the README's standalone example does: no client CA, so no
+    /// node server.
+    pub no_client_ca: bool,
 }
 
 pub struct Agent {
@@ -129,9 +132,14 @@ impl Agent {
             format!("--node-name={node_name}"),
             "--address=127.0.0.1".into(),
             format!("--port={port}"),
-            format!("--client-ca-file={}", dir.join("ca/pki/ca.crt").display()),
             "--runtime-request-timeout=30s".into(),
         ];
+        if !opts.no_client_ca {
+            args.push(format!(
+                "--client-ca-file={}",
+                dir.join("ca/pki/ca.crt").display()
+            ));
+        }
         args.extend(opts.extra_args);
         let mut agent = Agent {
             child: None,
@@ -209,6 +217,10 @@ impl Agent {
         self.status
     }
     /// `https://127.0.0.1:<port>` of the node server.
+    pub fn node_port(&self) -> u16 {
+        self.port
+    }
+
     pub fn node_server_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
     }

@@ -784,3 +784,75 @@ async fn container_config_reaches_the_process() -> Result<()> {
     );
     Ok(())
 }
+
+/// The README's standalone example passes no client CA: the agent runs its
+/// static pods without a node server and says so once, instead of exiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_agent_without_client_ca_runs_static_pods() -> Result<()> {
+    let cd = Containerd::start().await?;
+    let agent = Agent::start(
+        &cd,
+        AgentOptions {
+            no_client_ca: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    agent.write_manifest(
+        "solo.yaml",
+        &pod_yaml("solo", "Always", 1, &[("main", "exec sleep 3600")]),
+    )?;
+    agent
+        .wait_pod(&agent.pod_name("solo"), T, "Running", |p| {
+            pods::running(p, "main")
+        })
+        .await?;
+    let log = agent.log_tail(200);
+    ensure!(
+        log.matches("node server off: no client CA").count() == 1,
+        "expected one line saying the node server is off; log:\n{log}"
+    );
+    ensure!(
+        tokio::net::TcpStream::connect(("127.0.0.1", agent.node_port()))
+            .await
+            .is_err(),
+        "the node server listens without a client CA"
+    );
+    Ok(())
+}
+
+/// What `scripts/down.sh` runs once the agent is gone: every sandbox the
+/// agent left on the runtime is stopped and removed (with it goes its
+/// network namespace), and its logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_pods_leaves_no_sandbox_behind() -> Result<()> {
+    let cd = Containerd::start().await?;
+    let mut agent = Agent::start(&cd, AgentOptions::default()).await?;
+    agent.write_manifest(
+        "left.yaml",
+        &pod_yaml("left", "Always", 1, &[("main", "exec sleep 3600")]),
+    )?;
+    let pod = agent
+        .wait_pod(&agent.pod_name("left"), T, "Running", |p| {
+            pods::running(p, "main")
+        })
+        .await?;
+    agent.kill();
+    let cri = cd.client();
+    ensure!(!sandboxes_of(&cri, &uid(&pod)).await?.is_empty());
+
+    let status = std::process::Command::new(skiff_tests::agent::workspace_binary(
+        "skiff-agent",
+        "skiff-agent",
+    )?)
+    .arg("remove-pods")
+    .arg(format!("--container-runtime-endpoint={}", cd.endpoint()))
+    .arg(format!("--pod-log-dir={}", agent.log_dir().display()))
+    .status()?;
+    ensure!(status.success(), "remove-pods: {status}");
+    let left = sandboxes_of(&cri, &uid(&pod)).await?;
+    ensure!(left.is_empty(), "sandboxes left: {left:?}");
+    let logs = std::fs::read_dir(agent.log_dir())?.count();
+    ensure!(logs == 0, "{logs} pod log directories left");
+    Ok(())
+}

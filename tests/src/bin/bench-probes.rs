@@ -127,9 +127,36 @@ async fn main() -> Result<()> {
     agent.kill();
     let self0 = cpu_ticks(std::process::id())?;
     let r0 = Instant::now();
-    let (raw_exec, raw_http) = raw_probes(&cri, &targets, window, a.http, a.exec).await;
+    let raw = raw_probes(&cri, &targets, window, a.http, a.exec).await;
     let self_cpu =
         (cpu_ticks(std::process::id())? - self0) / CLK_TCK / r0.elapsed().as_secs_f64() * 100.0;
+    // A side that completed nothing has no latency to compare: say why
+    // rather than print ratios against zero.
+    for (kind, on, agent_n, raw_side) in [
+        ("exec", a.exec, exec_h.count, &raw.exec),
+        ("http", a.http, http_h.count, &raw.http),
+    ] {
+        if !on {
+            continue;
+        }
+        if agent_n < 1.0 {
+            bail!(
+                "the agent ran no {kind} probe in the {} s window ({} pods listed as targets)",
+                a.seconds,
+                targets.len()
+            );
+        }
+        if raw_side.ok.is_empty() {
+            bail!(
+                "the raw {kind} prober completed no probe in the {} s window over {} pods: {} failed{}",
+                a.seconds,
+                targets.len(),
+                raw_side.failed,
+                raw_side.first_error.as_deref().map(|e| format!(", the first with: {e}")).unwrap_or_default()
+            );
+        }
+    }
+    let (raw_exec, raw_http) = (raw.exec.ok, raw.http.ok);
 
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let (ae50, ae99) = (exec_h.quantile(0.5) * 1e3, exec_h.quantile(0.99) * 1e3);
@@ -240,17 +267,43 @@ async fn wait_ready(agent: &Agent, n: usize) -> Result<Vec<(String, String)>> {
     }
 }
 
+/// What one kind of raw probe gave: the latencies of those that passed,
+/// how many failed and why the first did.
+#[derive(Default)]
+struct Outcomes {
+    ok: Vec<Duration>,
+    failed: usize,
+    first_error: Option<String>,
+}
+
+impl Outcomes {
+    fn record(&mut self, r: Result<Duration, String>) {
+        match r {
+            Ok(d) => self.ok.push(d),
+            Err(e) => {
+                self.failed += 1;
+                self.first_error.get_or_insert(e);
+            }
+        }
+    }
+}
+
+struct Raw {
+    exec: Outcomes,
+    http: Outcomes,
+}
+
 /// Issue the pods' probes directly for `window`: per pod, one ExecSync and
-/// one GET per period, each at a random phase. Returns the latencies.
+/// one GET per period, each at a random phase.
 async fn raw_probes(
     cri: &CriClient,
     targets: &[(String, String)],
     window: Duration,
     with_http: bool,
     with_exec: bool,
-) -> (Vec<Duration>, Vec<Duration>) {
-    let exec = Arc::new(Mutex::new(Vec::new()));
-    let http = Arc::new(Mutex::new(Vec::new()));
+) -> Raw {
+    let exec = Arc::new(Mutex::new(Outcomes::default()));
+    let http = Arc::new(Mutex::new(Outcomes::default()));
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .timeout(Duration::from_secs(1))
@@ -271,9 +324,12 @@ async fn raw_probes(
                         timeout: 1,
                     })
                     .await;
-                if r.is_ok_and(|r| r.exit_code == 0) {
-                    out.lock().unwrap().push(t.elapsed());
-                }
+                let r = match r {
+                    Ok(r) if r.exit_code == 0 => Ok(t.elapsed()),
+                    Ok(r) => Err(format!("exit code {}", r.exit_code)),
+                    Err(e) => Err(e.to_string()),
+                };
+                out.lock().unwrap().record(r);
             }
         })));
         let (client, url, out) = (
@@ -285,21 +341,26 @@ async fn raw_probes(
             let (client, url, out) = (client.clone(), url.clone(), out.clone());
             async move {
                 let t = Instant::now();
-                let ok = match client.get(&url).send().await {
-                    Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
-                    Err(_) => false,
+                let r = match client.get(&url).send().await {
+                    Ok(r) if r.status().is_success() => match r.bytes().await {
+                        Ok(_) => Ok(t.elapsed()),
+                        Err(e) => Err(format!("GET {url}: {e}")),
+                    },
+                    Ok(r) => Err(format!("GET {url}: {}", r.status())),
+                    Err(e) => Err(format!("GET {url}: {e}")),
                 };
-                if ok {
-                    out.lock().unwrap().push(t.elapsed());
-                }
+                out.lock().unwrap().record(r);
             }
         })));
     }
     for t in tasks {
         let _ = t.await;
     }
-    let take = |v: Arc<Mutex<Vec<Duration>>>| std::mem::take(&mut *v.lock().unwrap());
-    (take(exec), take(http))
+    let take = |v: Arc<Mutex<Outcomes>>| std::mem::take(&mut *v.lock().unwrap());
+    Raw {
+        exec: take(exec),
+        http: take(http),
+    }
 }
 
 /// Run `f` once per period, starting at a random point of the first one,

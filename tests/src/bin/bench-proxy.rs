@@ -20,8 +20,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use skiff_agent::proxy::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
-use skiff_agent::proxy::{iptables, nftables, Backend, Change, Mode};
+use skiff_proxy::model::{Endpoint, Protocol, ServicePort, ServicePortName, Targets};
+use skiff_proxy::{iptables, nftables, Backend, Change, Mode};
 
 struct Args {
     sizes: Vec<usize>,
