@@ -35,7 +35,7 @@ pub enum Error {
     Parse {
         path: PathBuf,
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     /// `--node-name` names another node than the credentials do.
     #[error("--node-name {given:?} does not match the kubeconfig's credentials, which are for node {credentials:?}")]
@@ -279,9 +279,9 @@ impl Settings {
             path: path.to_owned(),
             source,
         })?;
-        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
+        serde_saphyr::from_str(&text).map_err(|e| Error::Parse {
             path: path.to_owned(),
-            source,
+            source: Box::new(e),
         })
     }
 
@@ -739,7 +739,7 @@ mod tests {
     use super::*;
 
     fn file(yaml: &str) -> Settings {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     #[derive(Parser)]
@@ -772,9 +772,9 @@ mod tests {
         assert_eq!(c.backoff_initial, Duration::from_secs(1));
         assert_eq!(c.sync_frequency, Duration::from_secs(3));
         assert_eq!(c.status_address, None);
-        assert!(serde_yaml::from_str::<Settings>("staticPodPth: x").is_err());
+        assert!(serde_saphyr::from_str::<Settings>("staticPodPth: x").is_err());
         // Flag-only settings are no keys.
-        assert!(serde_yaml::from_str::<Settings>("configDir: /x").is_err());
+        assert!(serde_saphyr::from_str::<Settings>("configDir: /x").is_err());
     }
 
     #[test]
@@ -799,7 +799,7 @@ mod tests {
         assert!(!c.serve_cluster_dns && !c.pod_routes);
         assert_eq!(c.resolv_conf, Path::new("/run/resolv.conf"));
         assert_eq!(c.node_ip, Some("198.18.0.9".parse().unwrap()));
-        let err = serde_yaml::from_str::<Settings>("proxyMode: ipvs").unwrap_err();
+        let err = serde_saphyr::from_str::<Settings>("proxyMode: ipvs").unwrap_err();
         assert!(
             err.to_string().contains("nftables, iptables or none"),
             "{err}"
@@ -821,7 +821,7 @@ mod tests {
         assert_eq!(parse_log_max_size("-1"), Ok(None));
         assert!(parse_log_max_size("10MB").is_err());
         assert!(check_log_max_files(1).is_err());
-        assert!(serde_yaml::from_str::<Settings>("containerLogMaxFiles: 1").is_err());
+        assert!(serde_saphyr::from_str::<Settings>("containerLogMaxFiles: 1").is_err());
         let c = flags(&["--container-log-max-size", "-1"]).resolve();
         assert_eq!(c.container_log_max_size, None);
         let argv = ["skiff-agent", "--container-log-max-files", "1"];

@@ -20,7 +20,7 @@ pub enum Error {
     Parse {
         path: String,
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     #[error("invalid {field} {value:?}: {why}")]
     Invalid {
@@ -134,9 +134,9 @@ impl Settings {
             path: path.display().to_string(),
             source,
         })?;
-        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
+        serde_saphyr::from_str(&text).map_err(|e| Error::Parse {
             path: path.display().to_string(),
-            source,
+            source: Box::new(e),
         })
     }
 }

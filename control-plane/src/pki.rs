@@ -81,11 +81,12 @@ fn read_file(path: &Path) -> Result<String> {
 
 /// Validity window: from yesterday (clock skew) for `years`.
 fn validity(params: &mut CertificateParams, years: i32) {
-    use chrono::Datelike;
-    let from = chrono::Utc::now() - chrono::Duration::days(1);
-    params.not_before = rcgen::date_time_ymd(from.year(), from.month() as u8, from.day() as u8);
-    let day = from.day().min(28) as u8;
-    params.not_after = rcgen::date_time_ymd(from.year() + years, from.month() as u8, day);
+    let from = (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24))
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .date();
+    let (year, month, day) = (i32::from(from.year()), from.month() as u8, from.day() as u8);
+    params.not_before = rcgen::date_time_ymd(year, month, day);
+    params.not_after = rcgen::date_time_ymd(year + years, month, day.min(28));
 }
 
 impl Pki {
@@ -276,7 +277,7 @@ impl Pki {
             "current-context": "skiff",
             "preferences": {},
         });
-        Ok(serde_yaml::to_string(&cfg).unwrap_or_default())
+        Ok(serde_saphyr::to_string(&cfg).unwrap_or_default())
     }
 
     /// Write `DATA_DIR/admin.kubeconfig` (system:masters) for `server`.

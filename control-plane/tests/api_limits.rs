@@ -143,6 +143,7 @@ async fn requests_past_the_inflight_limits_get_429() {
                 api.handle(endless_post(), Some(user())),
             )
             .await;
+            eprintln!("second: {:?}", second.as_ref().map(|r| r.status()));
             matches!(second, Ok(r) if r.status() == 429)
         }
     })

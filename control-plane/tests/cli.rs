@@ -8,7 +8,7 @@ use std::process::Command;
 use api::TestServer;
 
 fn server_of(kubeconfig: &str) -> String {
-    let kc: serde_json::Value = serde_yaml::from_str(kubeconfig).expect("kubeconfig is YAML");
+    let kc: serde_json::Value = serde_saphyr::from_str(kubeconfig).expect("kubeconfig is YAML");
     kc["clusters"][0]["cluster"]["server"]
         .as_str()
         .unwrap_or_default()

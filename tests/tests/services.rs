@@ -19,6 +19,7 @@
 //!
 //! and once: a hostPort, and `skiff-agent --cleanup` removing the proxy's
 //! rules and nothing else.
+#![allow(clippy::disallowed_methods)] // a test harness: sync helpers (Drop, cleanup) may sleep, and short-lived commands run under the test's own timeout
 
 use std::collections::BTreeSet;
 use std::time::Duration;

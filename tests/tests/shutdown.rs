@@ -89,6 +89,7 @@ async fn node_shutdown_stops_regular_pods_then_critical_ones_and_reports_them() 
     let logind = FakeLogind::start(&cluster.dir().join("bus")).await?;
     // The agent finds the bus the way every D-Bus client does. This test
     // binary runs only this test, so the variable reaches no other agent.
+    #[allow(clippy::disallowed_methods)]
     std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", logind.address());
     let node = cluster
         .add_node(NodeOptions {

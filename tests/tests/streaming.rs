@@ -3,6 +3,7 @@
 //! stdin, a terminal), `kubectl attach` and `kubectl port-forward` work
 //! through the API server's proxy to the node, with the newest kubectl and
 //! with every older one down to 1.27.
+#![allow(clippy::disallowed_methods)] // a test harness: sync helpers (Drop, cleanup) may sleep, and short-lived commands run under the test's own timeout
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! is the journal, and a real systemd as PID 1 of a private container
 //! installs, starts, restarts, stops and uninstalls them through systemctl
 //! (with real systemd-logind holding the agent's shutdown delay lock).
+#![allow(clippy::disallowed_methods)] // a test harness: sync helpers (Drop, cleanup) may sleep, and short-lived commands run under the test's own timeout
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;

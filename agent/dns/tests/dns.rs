@@ -8,6 +8,7 @@
 //! of random 127.x.y.z addresses (binding them needs root, as the agent
 //! does; the whole of 127/8 is loopback on Linux, and a random address
 //! lets runs overlap).
+#![allow(clippy::disallowed_methods)] // a test harness: sync helpers (Drop, cleanup) may sleep, and short-lived commands run under the test's own timeout
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -60,7 +61,7 @@ fn big_service() -> (Service, EndpointSlice) {
 }
 
 fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
-    serde_yaml::from_str(s).unwrap()
+    serde_saphyr::from_str(s).unwrap()
 }
 
 /// Stores filled as a reflector's first list would, `synced` or not.

@@ -352,11 +352,11 @@ mod tests {
     use super::*;
 
     fn svc(yaml: &str) -> Service {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     fn slice(yaml: &str) -> EndpointSlice {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     #[test]

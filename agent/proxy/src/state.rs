@@ -240,7 +240,7 @@ mod tests {
     use super::*;
 
     fn svc(name: &str, ip: &str) -> Service {
-        serde_yaml::from_str(&format!(
+        serde_saphyr::from_str(&format!(
             "metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}"
         ))
         .unwrap()
@@ -251,7 +251,7 @@ mod tests {
             .iter()
             .map(|ip| format!("{{addresses: [{ip}], nodeName: n1}}"))
             .collect();
-        serde_yaml::from_str(&format!(
+        serde_saphyr::from_str(&format!(
             "metadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints: [{}]",
             eps.join(", ")
         ))

@@ -10,6 +10,7 @@
 //! the test; ClusterIPs are routed to loopback without being local, so a
 //! connection that is not DNATed goes nowhere (and times out) instead of
 //! being refused by the kernel.
+#![allow(clippy::disallowed_methods)] // a test harness: sync helpers (Drop, cleanup) may sleep, and short-lived commands run under the test's own timeout
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -182,7 +182,7 @@ pub fn kubeconfig_text(server: &str, ca_pem: &str, client_pem: &Path, node: &str
         "contexts": [{"name": "skiff", "context": {"cluster": "skiff", "user": user}}],
         "current-context": "skiff",
     });
-    serde_yaml::to_string(&cfg).unwrap_or_default()
+    serde_saphyr::to_string(&cfg).unwrap_or_default()
 }
 
 /// The current user's auth info of a kubeconfig file.

@@ -374,7 +374,7 @@ mod tests {
     use super::*;
 
     fn node(yaml: &str) -> Arc<Node> {
-        Arc::new(serde_yaml::from_str(yaml).unwrap())
+        Arc::new(serde_saphyr::from_str(yaml).unwrap())
     }
 
     #[test]

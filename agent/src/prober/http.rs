@@ -214,11 +214,11 @@ mod tests {
     use reqwest::header::HOST;
 
     fn action(yaml: &str) -> HTTPGetAction {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     fn c() -> Container {
-        serde_yaml::from_str("{name: web, ports: [{name: http, containerPort: 8080}]}").unwrap()
+        serde_saphyr::from_str("{name: web, ports: [{name: http, containerPort: 8080}]}").unwrap()
     }
 
     #[test]

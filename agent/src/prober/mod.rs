@@ -277,7 +277,7 @@ mod tests {
         assert_eq!(t.timeout, Duration::from_secs(1));
         assert_eq!((t.success, t.failure), (1, 3));
         assert_eq!(t.initial_delay, Duration::ZERO);
-        let p: Probe = serde_yaml::from_str(
+        let p: Probe = serde_saphyr::from_str(
             "{periodSeconds: 0, timeoutSeconds: 5, failureThreshold: 1, initialDelaySeconds: 7}",
         )
         .unwrap();

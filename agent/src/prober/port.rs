@@ -63,7 +63,7 @@ mod tests {
     use super::*;
 
     fn c() -> Container {
-        serde_yaml::from_str(
+        serde_saphyr::from_str(
             "{name: web, ports: [{name: http, containerPort: 8080}, {containerPort: 9000}]}",
         )
         .unwrap()

@@ -245,7 +245,7 @@ mod tests {
     }
 
     fn container(yaml: &str) -> Container {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     #[test]

@@ -557,7 +557,7 @@ mod tests {
 
     #[test]
     fn config_carries_env_resources_and_labels() {
-        let pod: Pod = serde_yaml::from_str(
+        let pod: Pod = serde_saphyr::from_str(
             "metadata: {name: web, namespace: ns, uid: u}\nspec:\n  containers:\n  - name: c\n    image: toolbox:1\n    command: [sh, -c]\n    args: ['echo $(GREETING) $(POD)']\n    env:\n    - {name: GREETING, value: hi}\n    - name: POD\n      valueFrom: {fieldRef: {fieldPath: metadata.name}}\n    resources: {limits: {cpu: 250m, memory: 64Mi}}\n    securityContext: {runAsUser: 1000, readOnlyRootFilesystem: true, capabilities: {add: [NET_ADMIN]}}\n",
         )
         .unwrap();
@@ -593,7 +593,7 @@ mod tests {
 
     #[test]
     fn missing_configmap_is_a_config_error() {
-        let pod: Pod = serde_yaml::from_str(
+        let pod: Pod = serde_saphyr::from_str(
             "metadata: {name: w, uid: u}\nspec:\n  containers:\n  - name: c\n    image: i\n    env:\n    - name: X\n      valueFrom: {configMapKeyRef: {name: cm, key: k}}\n",
         )
         .unwrap();
@@ -642,7 +642,7 @@ mod tests {
         yaml: &str,
         objects: Option<&EnvObjects>,
     ) -> Result<Vec<(String, String)>, ConfigError> {
-        let pod: Pod = serde_yaml::from_str(yaml).unwrap();
+        let pod: Pod = serde_saphyr::from_str(yaml).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let vols = PodVolumes::new();
         let ctx = ContainerContext {
@@ -675,7 +675,7 @@ mod tests {
         assert!(!m.contains_key("OPT") && !m.contains_key("OPTKEY"));
         assert!(!m.keys().any(|k| k.contains('!')));
 
-        let pod: Pod = serde_yaml::from_str("metadata: {name: w, namespace: ns}\nspec:\n  containers:\n  - name: c\n    envFrom: [{configMapRef: {name: cm}}]\n").unwrap();
+        let pod: Pod = serde_saphyr::from_str("metadata: {name: w, namespace: ns}\nspec:\n  containers:\n  - name: c\n    envFrom: [{configMapRef: {name: cm}}]\n").unwrap();
         let warn = env_from_invalid_keys(&pod, &pod.containers()[0], &o);
         assert_eq!(warn, ["Keys [1x, bad-key!] from the EnvFrom configmap ns/cm were skipped since they are considered invalid environment variable names."]);
     }
@@ -734,7 +734,7 @@ mod tests {
                 },
             ),
         ]);
-        let pod: Pod = serde_yaml::from_str(
+        let pod: Pod = serde_saphyr::from_str(
             "metadata: {name: w, namespace: ns, uid: u}\nspec:\n  containers:\n  - name: c\n    env: [{name: SUB, value: logs}]\n    volumeMounts:\n    - {name: data, mountPath: /data, mountPropagation: HostToContainer}\n    - {name: data, mountPath: /ro, readOnly: true, subPath: a/b}\n    - {name: data, mountPath: /expr, subPathExpr: $(SUB)}\n    - {name: cfg, mountPath: /cfg}\n",
         )
         .unwrap();
@@ -769,7 +769,7 @@ mod tests {
         assert!(m["/cfg"].readonly, "API-data volumes are read-only");
 
         let bad = |sub: &str, volume: &str| {
-            let p: Pod = serde_yaml::from_str(&format!("metadata: {{name: w}}\nspec:\n  containers:\n  - name: c\n    volumeMounts: [{{name: {volume}, mountPath: /x, subPath: '{sub}'}}]\n")).unwrap();
+            let p: Pod = serde_saphyr::from_str(&format!("metadata: {{name: w}}\nspec:\n  containers:\n  - name: c\n    volumeMounts: [{{name: {volume}, mountPath: /x, subPath: '{sub}'}}]\n")).unwrap();
             container_config(&p, &p.containers()[0], 0, &ctx)
                 .unwrap_err()
                 .0

@@ -252,7 +252,7 @@ fn parse_pod(bytes: &[u8]) -> Result<Pod, String> {
     let value: serde_json::Value = if text.trim_start().starts_with('{') {
         serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?
     } else {
-        serde_yaml::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?
+        serde_saphyr::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?
     };
     let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
     let api = value

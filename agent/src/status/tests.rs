@@ -4,7 +4,7 @@ use crate::runtime::state::SandboxInfo;
 const SEC: i64 = 1_000_000_000;
 
 fn pod(yaml: &str) -> Pod {
-    serde_yaml::from_str(yaml).unwrap()
+    serde_saphyr::from_str(yaml).unwrap()
 }
 
 fn c(pod: &Pod, name: &str, state: State, restarts: u32, exit: i32) -> ContainerInfo {

@@ -559,7 +559,7 @@ mod tests {
     async fn empty_dir_host_path_and_downward_then_teardown() {
         let t = tempfile::tempdir().unwrap();
         let host = t.path().join("host-dir");
-        let pod: Pod = serde_yaml::from_str(&format!(
+        let pod: Pod = serde_saphyr::from_str(&format!(
             "metadata: {{name: p, namespace: ns, uid: u1, labels: {{app: a}}}}\nspec:\n  containers: [{{name: c, image: i}}]\n  volumes:\n  - {{name: scratch, emptyDir: {{}}}}\n  - {{name: h, hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n  - name: info\n    downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}\n  - {{name: cm, configMap: {{name: x}}}}\n  - {{name: nfs, nfs: {{server: s, path: /}}}}\n",
             host.display()
         ))

@@ -214,11 +214,11 @@ mod tests {
 
     #[test]
     fn downward_fields() {
-        let pod: Pod = serde_yaml::from_str(
+        let pod: Pod = serde_saphyr::from_str(
             "metadata: {name: p, namespace: ns, uid: u1, labels: {b: '2', a: 'x\"y'}, annotations: {k: v}}\nspec:\n  containers:\n  - name: c\n    image: i\n    resources: {limits: {memory: 64Mi}}\n",
         )
         .unwrap();
-        let items: Vec<DownwardAPIVolumeFile> = serde_yaml::from_str(
+        let items: Vec<DownwardAPIVolumeFile> = serde_saphyr::from_str(
             "- {path: name, fieldRef: {fieldPath: metadata.name}}\n- {path: labels, fieldRef: {fieldPath: metadata.labels}, mode: 256}\n- {path: k, fieldRef: {fieldPath: \"metadata.annotations['k']\"}}\n- {path: mem, resourceFieldRef: {containerName: c, resource: limits.memory, divisor: 1Mi}}\n",
         )
         .unwrap();

@@ -31,6 +31,15 @@ async fn start_gc(server: &TestServer) -> oneshot::Sender<()> {
     tx
 }
 
+/// A second owner of a dependent: the API allows one controller reference
+/// per object, as upstream's ValidateObjectMeta does.
+fn plain_owner_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
+    OwnerReference {
+        controller: None,
+        ..owner_ref(owner)
+    }
+}
+
 fn owner_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
     OwnerReference {
         api_version: K::api_version(&()).into_owned(),
@@ -103,7 +112,7 @@ async fn background_deletion_and_dangling_owners() {
     create_pod(
         &pods,
         "shared",
-        vec![owner_ref(&rs), owner_ref(&keeper)],
+        vec![owner_ref(&rs), plain_owner_ref(&keeper)],
         None,
     )
     .await;
@@ -243,7 +252,7 @@ async fn orphan_deletion_keeps_dependents_without_the_owner() {
     let rs = create_rs(&rss, "or", None).await;
     let other = create_rs(&rss, "other", None).await;
     create_pod(&pods, "or-1", vec![owner_ref(&rs)], None).await;
-    create_pod(&pods, "or-2", vec![owner_ref(&rs), owner_ref(&other)], None).await;
+    create_pod(&pods, "or-2", vec![owner_ref(&rs), plain_owner_ref(&other)], None).await;
     ok(server.kubectl(&[
         "delete",
         "replicaset",

@@ -61,7 +61,7 @@ pub struct Target {
 
 /// `doc[list][0][entry][field]`, base64-decoded (kubeconfig `*-data` fields).
 fn kubeconfig_data(
-    doc: &serde_yaml::Value,
+    doc: &serde_json::Value,
     list: &str,
     entry: &str,
     field: &str,
@@ -84,7 +84,7 @@ impl Target {
     ) -> anyhow::Result<Target> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+        let doc: serde_json::Value = serde_saphyr::from_str(&text)?;
         let ca = kubeconfig_data(&doc, "clusters", "cluster", "certificate-authority-data")?;
         let cert = kubeconfig_data(&doc, "users", "user", "client-certificate-data")?;
         let key = kubeconfig_data(&doc, "users", "user", "client-key-data")?;

@@ -695,7 +695,7 @@ pub(crate) fn delete_options(r: &Req, body: &[u8]) -> ApiResult<DeleteOptions> {
             decode_body(body, r.content_type())?
         } else {
             serde_json::from_slice(body)
-                .or_else(|_| serde_yaml::from_slice(body))
+                .or_else(|_| serde_saphyr::from_slice(body))
                 .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
         };
         o.grace = v["gracePeriodSeconds"].as_i64();

@@ -648,7 +648,7 @@ pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     }
     let base = media_type(content_type);
     let v: Value = match base {
-        "application/yaml" => serde_yaml::from_slice(body)
+        "application/yaml" => serde_saphyr::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
         "application/vnd.kubernetes.protobuf" => protobuf::decode(body).map_err(|e| match e {
             protobuf::Error::Unsupported(_) => ApiError::unsupported_media(base),

@@ -67,18 +67,22 @@ pub fn has_deletion_timestamp(obj: &Value) -> bool {
 
 /// RFC 3339 UTC time with seconds, as Kubernetes writes `metav1.Time`.
 pub fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    format!("{:.0}", jiff::Timestamp::now())
 }
 
 /// Time in `metav1.MicroTime` form (leases, events.k8s.io).
 pub fn now_micro() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    format!("{:.6}", jiff::Timestamp::now())
 }
 
-pub fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    chrono::DateTime::parse_from_rfc3339(s)
-        .ok()
-        .map(|t| t.with_timezone(&chrono::Utc))
+/// An RFC 3339 time with any offset.
+pub fn parse_time(s: &str) -> Option<jiff::Timestamp> {
+    s.parse().ok()
+}
+
+/// Whole seconds from `t` to now (negative for a time to come).
+pub fn seconds_since(t: jiff::Timestamp) -> i64 {
+    jiff::Timestamp::now().as_second() - t.as_second()
 }
 
 /// Random suffix for `generateName`, from upstream's alphabet (no vowels, so
@@ -194,7 +198,7 @@ fn after_identity(b: &[u8], start: usize) -> Option<usize> {
         let key_end = skip_string(b, pos)?;
         let key = &b[pos + 1..key_end - 1];
         if !BEFORE_RV.contains(&key) {
-            return Some(pos.checked_sub(usize::from(pos > start))?);
+            return pos.checked_sub(usize::from(pos > start));
         }
         // `"key":value`, then `,` or `}`.
         let value_end = skip_value(b, key_end + 1)?;

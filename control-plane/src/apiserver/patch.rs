@@ -79,7 +79,7 @@ pub fn apply(doc: &Value, body: &[u8], pt: PatchType, kind: &str) -> Result<Valu
 fn parse_object(body: &[u8]) -> Result<Value> {
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
-        Err(_) => serde_yaml::from_slice(body)
+        Err(_) => serde_saphyr::from_slice(body)
             .map_err(|e| Error::Malformed(format!("invalid patch body: {e}")))?,
     };
     if !v.is_object() {

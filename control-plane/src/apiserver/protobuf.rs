@@ -168,13 +168,16 @@ fn time(b: &[u8], micro: bool) -> Result<Value, Error> {
     let Some(secs) = secs.filter(|s| *s != -62135596800) else {
         return Ok(Value::Null);
     };
-    let t = chrono::DateTime::from_timestamp(secs, nanos as u32).ok_or(Error::Malformed(0))?;
-    let fmt = if micro {
-        chrono::SecondsFormat::Micros
+    let nanos = i32::try_from(nanos)
+        .ok()
+        .filter(|n| (0..1_000_000_000).contains(n))
+        .ok_or(Error::Malformed(0))?;
+    let t = jiff::Timestamp::new(secs, nanos).map_err(|_| Error::Malformed(0))?;
+    Ok(json!(if micro {
+        format!("{t:.6}")
     } else {
-        chrono::SecondsFormat::Secs
-    };
-    Ok(json!(t.to_rfc3339_opts(fmt, true)))
+        format!("{t:.0}")
+    }))
 }
 
 fn scalar(kind: Kind, v: &Raw<'_>) -> Result<Value, Error> {

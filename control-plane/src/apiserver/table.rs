@@ -143,7 +143,7 @@ fn age_of(obj: &Value) -> String {
 /// Human age of a timestamp, like upstream's `translateTimestampSince`.
 pub fn since(ts: &str) -> String {
     match parse_time(ts) {
-        Some(t) => human_duration(chrono::Utc::now().signed_duration_since(t).num_seconds()),
+        Some(t) => human_duration(objects::seconds_since(t)),
         None => "<unknown>".into(),
     }
 }

@@ -55,10 +55,10 @@ pub fn valid_extra_group(g: &str) -> bool {
 
 /// Whether the Secret's `expiration` has passed; a malformed one counts as
 /// expired, as upstream.
-pub fn expired(secret: &Value, now: chrono::DateTime<chrono::Utc>) -> bool {
+pub fn expired(secret: &Value, now: jiff::Timestamp) -> bool {
     match data_str(secret, names::KEY_EXPIRATION) {
         None => false,
-        Some(t) => chrono::DateTime::parse_from_rfc3339(t.trim()).map_or(true, |e| e <= now),
+        Some(t) => t.trim().parse::<jiff::Timestamp>().map_or(true, |e| e <= now),
     }
 }
 
@@ -66,7 +66,7 @@ pub fn expired(secret: &Value, now: chrono::DateTime<chrono::Utc>) -> bool {
 pub fn check(
     secret: &Value,
     token: &BootstrapToken,
-    now: chrono::DateTime<chrono::Utc>,
+    now: jiff::Timestamp,
 ) -> Result<Identity, &'static str> {
     if secret["metadata"]["deletionTimestamp"].is_string() {
         return Err("its secret is being deleted");
@@ -122,7 +122,7 @@ pub async fn authenticate(store: &dyn Store, bearer: &str) -> Option<Identity> {
         }
     };
     let secret: Value = serde_json::from_slice(&kv.value).ok()?;
-    match check(&secret, &token, chrono::Utc::now()) {
+    match check(&secret, &token, jiff::Timestamp::now()) {
         Ok(id) => Some(id),
         Err(why) => {
             tracing::debug!(token = %token.id, "bootstrap token refused: {why}");
@@ -152,8 +152,9 @@ mod tests {
     #[test]
     fn bootstrap_tokens_authenticate_until_they_expire() {
         let t = BootstrapToken::generate();
-        let now = chrono::Utc::now();
-        let later = (now + chrono::Duration::hours(1)).to_rfc3339();
+        let now = jiff::Timestamp::now();
+        let hours = |h| jiff::SignedDuration::from_hours(h);
+        let later = (now + hours(1)).to_string();
         let s = secret(
             &t,
             &[
@@ -170,7 +171,7 @@ mod tests {
         assert!(id.in_group("system:bootstrappers:skiff:default-node-token"));
         assert!(id.in_group("system:authenticated"));
         assert_eq!(
-            check(&s, &t, now + chrono::Duration::hours(2)).unwrap_err(),
+            check(&s, &t, now + hours(2)).unwrap_err(),
             "it has expired"
         );
         let wrong = BootstrapToken {

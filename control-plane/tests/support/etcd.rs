@@ -210,6 +210,8 @@ impl EtcdCluster {
                         m.log_tail()
                     );
                 }
+                // Started from synchronous test set-up, before any runtime.
+                #[allow(clippy::disallowed_methods)]
                 std::thread::sleep(Duration::from_millis(50));
             }
         }

@@ -100,7 +100,7 @@ impl Fixture {
 }
 
 fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
-    serde_yaml::from_str(s).unwrap()
+    serde_saphyr::from_str(s).unwrap()
 }
 
 fn strings(records: &[Record]) -> Vec<String> {

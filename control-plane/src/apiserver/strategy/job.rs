@@ -124,10 +124,8 @@ impl Strategy for Job {
             st["startTime"].as_str().and_then(parse_time),
             st["completionTime"].as_str().and_then(parse_time),
         ) {
-            (Some(a), Some(b)) => human_duration(b.signed_duration_since(a).num_seconds()),
-            (Some(a), None) => {
-                human_duration(chrono::Utc::now().signed_duration_since(a).num_seconds())
-            }
+            (Some(a), Some(b)) => human_duration(b.as_second() - a.as_second()),
+            (Some(a), None) => human_duration(objects::seconds_since(a)),
             _ => String::new(),
         };
         let mut cells = vec![

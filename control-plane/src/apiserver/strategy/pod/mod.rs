@@ -92,8 +92,10 @@ impl Strategy for Pod {
             let current = obj["metadata"]["deletionGracePeriodSeconds"].as_i64();
             // A second delete may only shorten the grace period.
             if current.is_none_or(|c| grace < c) {
-                let at = chrono::Utc::now() + chrono::Duration::seconds(grace);
-                let ts = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let at = jiff::Timestamp::now()
+                    .saturating_add(jiff::SignedDuration::from_secs(grace))
+                    .unwrap_or(jiff::Timestamp::MAX);
+                let ts = format!("{at:.0}");
                 let m = meta_mut(obj);
                 m.insert("deletionTimestamp".into(), json!(ts));
                 m.insert("deletionGracePeriodSeconds".into(), json!(grace));

@@ -39,7 +39,7 @@ pub(super) fn cells(pod: &Value) -> Vec<Value> {
         .count();
     let mut ready = 0usize;
     let mut restarts = 0i64;
-    let mut last_restart: Option<chrono::DateTime<chrono::Utc>> = None;
+    let mut last_restart: Option<jiff::Timestamp> = None;
     let mut note_restart = |c: &Value| {
         if let Some(t) = c["lastState"]["terminated"]["finishedAt"]
             .as_str()
@@ -152,7 +152,7 @@ pub(super) fn cells(pod: &Value) -> Vec<Value> {
     let restarts_str = match last_restart {
         Some(t) if restarts > 0 => format!(
             "{restarts} ({} ago)",
-            human_duration(chrono::Utc::now().signed_duration_since(t).num_seconds())
+            human_duration(objects::seconds_since(t))
         ),
         _ => restarts.to_string(),
     };
