@@ -26,7 +26,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch as signal};
 use tokio::task::JoinHandle;
 
 /// What an informer can watch: a typed Kubernetes object.
@@ -108,6 +108,11 @@ impl<K> Shared<K> {
 struct Handle<K: Object> {
     store: Store<K>,
     shared: Arc<Shared<K>>,
+    /// True once the first list is in. Its sender belongs to the watch
+    /// task, so waiters learn when that task ends. (kube-runtime's
+    /// `Store::wait_until_ready` wakes only one of several concurrent
+    /// waiters, and here every controller of a kind waits on one store.)
+    synced: signal::Receiver<bool>,
     task: JoinHandle<()>,
 }
 
@@ -140,11 +145,20 @@ impl<K: Object> Informer<K> {
             subscribers: Mutex::new(Vec::new()),
             synced: AtomicBool::new(false),
         });
-        let task = tokio::spawn(watch(api, cfg, writer, store.clone(), shared.clone()));
+        let (synced_tx, synced) = signal::channel(false);
+        let task = tokio::spawn(watch(
+            api,
+            cfg,
+            writer,
+            store.clone(),
+            shared.clone(),
+            synced_tx,
+        ));
         Informer {
             inner: Arc::new(Handle {
                 store,
                 shared,
+                synced,
                 task,
             }),
         }
@@ -188,10 +202,11 @@ impl<K: Object> Informer<K> {
     /// # Errors
     /// [`Error::Stopped`] when the watch ended first.
     pub async fn ready(&self) -> Result<()> {
-        self.inner
-            .store
-            .wait_until_ready()
+        let mut synced = self.inner.synced.clone();
+        synced
+            .wait_for(|s| *s)
             .await
+            .map(|_| ())
             .map_err(|_| Error::Stopped {
                 kind: K::kind(&()).into_owned(),
             })
@@ -268,6 +283,7 @@ async fn watch<K: Object>(
     mut writer: Writer<K>,
     store: Store<K>,
     shared: Arc<Shared<K>>,
+    synced: signal::Sender<bool>,
 ) {
     let kind = K::kind(&()).into_owned();
     let mut events = std::pin::pin!(watcher(api, cfg).default_backoff());
@@ -286,6 +302,10 @@ async fn watch<K: Object>(
             continue;
         };
         subs.retain(|tx| changes.iter().all(|c| tx.send(c.clone()).is_ok()));
+        drop(subs);
+        if shared.synced.load(Ordering::Acquire) {
+            synced.send_if_modified(|s| !std::mem::replace(s, true));
+        }
     }
 }
 
@@ -554,10 +574,12 @@ mod tests {
         let shared = started.inner.shared.clone();
         drop(started);
         let (store, mut writer) = reflector::store::<ConfigMap>();
+        let (synced_tx, synced) = signal::channel(false);
         let i = Informer {
             inner: Arc::new(Handle {
                 store: store.clone(),
                 shared: shared.clone(),
+                synced,
                 task: tokio::spawn(async {}),
             }),
         };
@@ -569,6 +591,14 @@ mod tests {
             }
         }
         assert!(i.has_synced());
+        let (a, b) = (i.clone(), i.clone());
+        let waiters = tokio::spawn(async move {
+            let (x, y) = tokio::join!(a.ready(), b.ready());
+            x.is_ok() && y.is_ok()
+        });
+        tokio::task::yield_now().await;
+        synced_tx.send_replace(true);
+        assert!(waiters.await.unwrap(), "every waiter wakes");
         i.ready().await.unwrap();
         assert_eq!(
             i.get(Some("ns"), "a").unwrap().data.as_ref().unwrap()["v"],
@@ -592,5 +622,28 @@ mod tests {
         drop((i, _informer, early));
         drop(shared);
         assert!(rx.recv().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn ready_fails_once_the_watch_task_is_gone() {
+        let (store, _writer) = reflector::store::<ConfigMap>();
+        let (synced_tx, synced) = signal::channel(false);
+        let i = Informer {
+            inner: Arc::new(Handle {
+                store,
+                shared: Arc::new(Shared {
+                    subscribers: Mutex::new(Vec::new()),
+                    synced: AtomicBool::new(false),
+                }),
+                synced,
+                task: tokio::spawn(async {}),
+            }),
+        };
+        let waiting = tokio::spawn({
+            let i = i.clone();
+            async move { i.ready().await }
+        });
+        drop(synced_tx);
+        assert!(matches!(waiting.await.unwrap(), Err(Error::Stopped { .. })));
     }
 }
