@@ -14,14 +14,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
-use kube::runtime::{watcher, Controller};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 
 use crate::{Ctx, Error};
 
@@ -35,15 +33,13 @@ where
     F: FnMut(Arc<CertificateSigningRequest>, Arc<Ctx>) -> Fut,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
 {
-    let api: Api<CertificateSigningRequest> = Api::all(ctx.client.clone());
+    // Approver and signer read the one CSR informer of the manager.
+    let csrs = ctx.informers.get::<CertificateSigningRequest>();
     let error_policy = move |csr: Arc<CertificateSigningRequest>, err: &Error, _: Arc<Ctx>| {
         tracing::warn!(csr = %csr.name_any(), "{doing} the CSR failed, retrying: {err}");
         Action::requeue(RETRY)
     };
-    Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|_| async {})
-        .await;
+    crate::reconciler::run(csrs, Arc::new(ctx), reconcile, error_policy).await;
 }
 
 /// Whether the request has a condition of type `ty`.

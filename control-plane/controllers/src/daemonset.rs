@@ -25,16 +25,15 @@ use k8s_openapi::api::core::v1::{
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use kube_util::events::{Recorder, Reporter};
+use kube_util::{nodeaffinity, selector, taints};
 
-use crate::events::Recorder;
 use crate::pods;
-use crate::workload::{self, controller_owner, ApiResultExt, Cache, Result};
+use crate::workload::{self, controller_owner, ApiResultExt, Result};
 use crate::workload_claim::{self as claim, Claim};
 use crate::workload_expectations::Expectations;
 use crate::workload_hash::{scaled, template_hash};
-use crate::workload_selector as selector;
 
 /// Label with the hash of the template a daemon pod was made from.
 pub const REVISION_HASH: &str = "controller-revision-hash";
@@ -62,67 +61,55 @@ pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
     let client = ctx.client.clone();
     let (tx, rx) = mpsc::channel(1024);
     let expectations = Arc::new(Expectations::default());
-    let ds_cache = Cache::spawn(
-        Api::<DaemonSet>::all(client.clone()),
-        watcher::Config::default(),
-        tx.clone(),
-        {
-            let exp = expectations.clone();
-            move |ds: &DaemonSet, exists| {
-                if !exists {
-                    exp.forget(&workload::key(ds));
-                }
-                workload::itself(ds)
+    let ds_cache = ctx.informers.get::<DaemonSet>();
+    let _ds_cache_trigger = workload::trigger(&ds_cache, tx.clone(), {
+        let exp = expectations.clone();
+        move |ds: &DaemonSet, exists| {
+            if !exists {
+                exp.forget(&workload::key(ds));
             }
-        },
-    );
-    let pod_cache = Cache::spawn(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        tx.clone(),
-        {
-            let dss = ds_cache.store.clone();
-            let exp = expectations.clone();
-            move |pod: &Pod, exists| owners_of(pod, exists, &dss, &exp)
-        },
-    );
-    let node_cache = Cache::spawn(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        tx,
-        {
-            let dss = ds_cache.store.clone();
-            let mut seen: HashMap<String, u64> = HashMap::new();
-            move |node: &Node, exists| {
-                // Heartbeat status updates change nothing a DaemonSet looks at.
-                let name = node.name_any();
-                let fp = exists.then(|| fingerprint(node));
-                let changed = match fp {
-                    Some(fp) => seen.insert(name, fp) != Some(fp),
-                    None => seen.remove(&name).is_some(),
-                };
-                if !changed {
-                    return Vec::new();
-                }
-                dss.state()
-                    .iter()
-                    .map(|ds| ObjectRef::from_obj(&**ds))
-                    .collect()
+            workload::itself(ds)
+        }
+    });
+    let pod_cache = ctx.informers.get::<Pod>();
+    let _pod_cache_trigger = workload::trigger(&pod_cache, tx.clone(), {
+        let dss = ds_cache.store().clone();
+        let exp = expectations.clone();
+        move |pod: &Pod, exists| owners_of(pod, exists, &dss, &exp)
+    });
+    let node_cache = ctx.informers.get::<Node>();
+    let _node_cache_trigger = workload::trigger(&node_cache, tx, {
+        let dss = ds_cache.store().clone();
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        move |node: &Node, exists| {
+            // Heartbeat status updates change nothing a DaemonSet looks at.
+            let name = node.name_any();
+            let fp = exists.then(|| fingerprint(node));
+            let changed = match fp {
+                Some(fp) => seen.insert(name, fp) != Some(fp),
+                None => seen.remove(&name).is_some(),
+            };
+            if !changed {
+                return Vec::new();
             }
-        },
-    );
-    ds_cache.ready().await?;
-    pod_cache.ready().await?;
-    node_cache.ready().await?;
+            dss.state()
+                .iter()
+                .map(|ds| ObjectRef::from_obj(&**ds))
+                .collect()
+        }
+    });
+    workload::ready(&ds_cache).await?;
+    workload::ready(&pod_cache).await?;
+    workload::ready(&node_cache).await?;
     let state = Arc::new(State {
-        events: Recorder::new(client.clone(), "daemonset-controller"),
+        events: Recorder::new(client.clone(), Reporter::new("daemonset-controller")),
         client,
-        pods: pod_cache.store.clone(),
-        nodes: node_cache.store.clone(),
+        pods: pod_cache.store().clone(),
+        nodes: node_cache.store().clone(),
         expectations,
         backoff: Mutex::new(HashMap::new()),
     });
-    workload::drive("daemonset", ds_cache.store.clone(), rx, state, reconcile).await;
+    workload::drive("daemonset", ds_cache.store().clone(), rx, state, reconcile).await;
     Ok(())
 }
 
@@ -207,7 +194,7 @@ fn should_run(ds: &DaemonSet, node: &Node) -> (bool, bool) {
     {
         return (false, false);
     }
-    if !selector::node_matches(&spec, node) {
+    if !nodeaffinity::pod_matches_node(&spec, node) {
         return (false, false);
     }
     daemon_tolerations(&mut spec);
@@ -217,14 +204,11 @@ fn should_run(ds: &DaemonSet, node: &Node) -> (bool, bool) {
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let blocked = selector::untolerated(&taints, &tols, |t| {
-        t.effect == "NoSchedule" || t.effect == "NoExecute"
-    })
-    .is_some();
+    let blocked = taints::untolerated_blocking(&taints, &tols).is_some();
     if !blocked {
         return (true, true);
     }
-    let evicted = selector::untolerated(&taints, &tols, |t| t.effect == "NoExecute").is_some();
+    let evicted = taints::untolerated_no_execute(&taints, &tols).is_some();
     (false, !evicted)
 }
 
@@ -321,7 +305,7 @@ async fn reconcile(ds: Arc<DaemonSet>, st: Arc<State>) -> Result<Action> {
         let mut doomed = Vec::new();
         for (pod, failed) in delete {
             if let Some(msg) = failed {
-                st.events.warning(&*ds, "FailedDaemonPod", msg).await;
+                st.events.warning(&*ds, "FailedDaemonPod", msg);
             }
             doomed.push(pod);
         }
@@ -600,8 +584,7 @@ async fn sync_nodes(
                     let name = p.name_any();
                     st.expectations.created(key, Some(&name));
                     st.events
-                        .normal(ds, "SuccessfulCreate", format!("Created pod: {name}"))
-                        .await;
+                        .normal(ds, "SuccessfulCreate", format!("Created pod: {name}"));
                     Ok(())
                 }
                 Err(e) if workload::is_namespace_terminating(&e) => {
@@ -611,8 +594,7 @@ async fn sync_nodes(
                 Err(e) => {
                     st.expectations.created(key, None);
                     st.events
-                        .warning(ds, "FailedCreate", format!("Error creating: {e}"))
-                        .await;
+                        .warning(ds, "FailedCreate", format!("Error creating: {e}"));
                     Err(e)
                 }
             }

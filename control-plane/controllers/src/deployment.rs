@@ -26,16 +26,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use kube_util::events::{Recorder, Reporter};
+use kube_util::selector;
 use serde_json::json;
 
-use crate::events::Recorder;
-use crate::workload::{self, controller_owner, is_not_found, ApiResultExt, Cache, Result};
+use crate::workload::{self, controller_owner, is_not_found, ApiResultExt, Result};
 use crate::workload_claim::{self as claim, Claim};
 use crate::workload_hash::template_hash;
 use crate::workload_rollout::{self as ro, desired, rs_replicas};
-use crate::workload_selector as selector;
 
 struct State {
     client: kube::Client,
@@ -50,31 +49,25 @@ struct State {
 pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
     let client = ctx.client.clone();
     let (tx, rx) = mpsc::channel(1024);
-    let deployments = Cache::spawn(
-        Api::<Deployment>::all(client.clone()),
-        watcher::Config::default(),
-        tx.clone(),
-        |d: &Deployment, _| workload::itself(d),
-    );
-    let rs_cache = Cache::spawn(
-        Api::<ReplicaSet>::all(client.clone()),
-        watcher::Config::default(),
-        tx,
-        {
-            let ds = deployments.store.clone();
-            move |rs: &ReplicaSet, exists| owners_of(rs, exists, &ds)
-        },
-    );
-    deployments.ready().await?;
-    rs_cache.ready().await?;
+    let deployments = ctx.informers.get::<Deployment>();
+    let _deployments_trigger = workload::trigger(&deployments, tx.clone(), |d: &Deployment, _| {
+        workload::itself(d)
+    });
+    let rs_cache = ctx.informers.get::<ReplicaSet>();
+    let _rs_cache_trigger = workload::trigger(&rs_cache, tx, {
+        let ds = deployments.store().clone();
+        move |rs: &ReplicaSet, exists| owners_of(rs, exists, &ds)
+    });
+    workload::ready(&deployments).await?;
+    workload::ready(&rs_cache).await?;
     let state = Arc::new(State {
-        events: Recorder::new(client.clone(), "deployment-controller"),
+        events: Recorder::new(client.clone(), Reporter::new("deployment-controller")),
         client,
-        replicasets: rs_cache.store.clone(),
+        replicasets: rs_cache.store().clone(),
     });
     workload::drive(
         "deployment",
-        deployments.store.clone(),
+        deployments.store().clone(),
         rx,
         state,
         reconcile,
@@ -108,13 +101,11 @@ async fn reconcile(d: Arc<Deployment>, st: Arc<State>) -> Result<Action> {
     if selector::is_empty(&r.d.spec.selector) {
         // Upstream refuses to act on a Deployment that would select every
         // pod in the namespace.
-        r.st.events
-            .warning(
-                &r.d,
-                "SelectingAll",
-                "This deployment is selecting all pods. A non-empty selector is required.".into(),
-            )
-            .await;
+        r.st.events.warning(
+            &r.d,
+            "SelectingAll",
+            "This deployment is selecting all pods. A non-empty selector is required.".into(),
+        );
         let mut s = r.d.status.clone().unwrap_or_default();
         s.observed_generation = r.d.metadata.generation;
         r.write_status(s).await?;
@@ -362,22 +353,16 @@ impl<'a> Rollout<'a> {
                     // write is retried with it.
                     let _ = self.write_status(s).await;
                 }
-                self.st
-                    .events
-                    .warning(&self.d, ro::FAILED_RS_CREATE, msg)
-                    .await;
+                self.st.events.warning(&self.d, ro::FAILED_RS_CREATE, msg);
                 return Err(e).ctx(|| format!("creating replica set {}/{name}", self.ns));
             }
         };
         if !already && replicas > 0 {
-            self.st
-                .events
-                .normal(
-                    &self.d,
-                    "ScalingReplicaSet",
-                    format!("Scaled up replica set {name} from 0 to {replicas}"),
-                )
-                .await;
+            self.st.events.normal(
+                &self.d,
+                "ScalingReplicaSet",
+                format!("Scaled up replica set {name} from 0 to {replicas}"),
+            );
         }
         self.set_revision(&new_revision.to_string()).await?;
         if !already && ro::progress_deadline(&self.d).is_some() {
@@ -493,10 +478,7 @@ impl<'a> Rollout<'a> {
                 rs.name_any()
             );
             tracing::info!(deployment = %self.key(), replicaset = %rs.name_any(), from, to, "scaled replica set");
-            self.st
-                .events
-                .normal(&self.d, "ScalingReplicaSet", msg)
-                .await;
+            self.st.events.normal(&self.d, "ScalingReplicaSet", msg);
         }
         Ok((resize, written))
     }

@@ -20,12 +20,12 @@ use futures::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::runtime::applier;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{applier, watcher};
 use kube::{Api, ResourceExt};
+use kube_util::informer::Scope;
 
-use crate::informer::Informer;
 use crate::{Ctx, Error};
 
 pub use plan::{LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, MAX_ENDPOINTS};
@@ -51,35 +51,40 @@ struct State {
 
 pub async fn run(ctx: Ctx) -> Result<(), Error> {
     let client = ctx.client.clone();
-    let managed = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    let mirrored =
-        watcher::Config::default().labels(&format!("{}=true", legacy::LABEL_SKIP_MIRROR));
-    let (services, svc_rx) =
-        Informer::start_with_events(Api::<Service>::all(client.clone()), Default::default());
-    let (pods, pod_rx) =
-        Informer::start_with_events(Api::<Pod>::all(client.clone()), Default::default());
-    let (slices, slice_rx) =
-        Informer::start_with_events(Api::<EndpointSlice>::all(client.clone()), managed);
-    let (endpoints, ep_rx) =
-        Informer::start_with_events(Api::<Endpoints>::all(client.clone()), mirrored);
-    services.ready().await;
-    pods.ready().await;
-    slices.ready().await;
-    endpoints.ready().await;
+    let managed = Scope::labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let mirrored = Scope::labels(&format!("{}=true", legacy::LABEL_SKIP_MIRROR));
+    let services = ctx.informers.get::<Service>();
+    let pods = ctx.informers.get::<Pod>();
+    let slices = ctx.informers.get_scoped::<EndpointSlice>(managed);
+    let endpoints = ctx.informers.get_scoped::<Endpoints>(mirrored);
+    let (svc_rx, pod_rx) = (services.subscribe(), pods.subscribe());
+    let (slice_rx, ep_rx) = (slices.subscribe(), endpoints.subscribe());
+    for ready in [
+        services.ready().await,
+        pods.ready().await,
+        slices.ready().await,
+        endpoints.ready().await,
+    ] {
+        ready.map_err(|e| Error::Config(e.to_string()))?;
+    }
 
     let svc_store = services.store().clone();
     let slice_store = slices.store().clone();
     let queue = stream::select_all([
-        crate::informer::receiver_stream(svc_rx)
-            .map(|s| vec![ObjectRef::from_obj(&s)])
+        svc_rx
+            .objects()
+            .map(|s| vec![ObjectRef::from_obj(&*s)])
             .boxed(),
-        crate::informer::receiver_stream(pod_rx)
+        pod_rx
+            .objects()
             .map(move |p| services_of_pod(&svc_store, &slice_store, &p))
             .boxed(),
-        crate::informer::receiver_stream(slice_rx)
+        slice_rx
+            .objects()
             .map(|s| service_of_labelled(&s).into_iter().collect())
             .boxed(),
-        crate::informer::receiver_stream(ep_rx)
+        ep_rx
+            .objects()
             .map(|e| vec![ObjectRef::new(&e.name_any()).within(&e.namespace().unwrap_or_default())])
             .boxed(),
     ])

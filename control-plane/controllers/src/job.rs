@@ -27,14 +27,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, PostParams, Preconditions, PropagationPolicy};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use kube_util::events::{Recorder, Reporter};
+use kube_util::selector;
 
-use crate::events::Recorder;
 use crate::pods::{self, is_active, is_finished};
-use crate::workload::{
-    self, controller_owner, is_not_found, AbortOnDrop, ApiResultExt, Cache, Result,
-};
+use crate::workload::{self, controller_owner, is_not_found, AbortOnDrop, ApiResultExt, Result};
 use crate::workload_claim::{self as claim, Claim};
 use crate::workload_expectations::Expectations;
 use crate::workload_job::{
@@ -42,7 +40,6 @@ use crate::workload_job::{
     new_condition, past_backoff_on_failure, remove_finalizer, set_uncounted, Removing,
     TRACKING_FINALIZER,
 };
-use crate::workload_selector as selector;
 
 /// Who may run a Job (`spec.managedBy`): anything else is left alone.
 const MANAGED_BY: &str = "kubernetes.io/job-controller";
@@ -75,62 +72,51 @@ pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
     let (orphans_tx, orphans_rx) = mpsc::channel::<Pod>(1024);
     let expectations = Arc::new(Expectations::default());
     let removing = Arc::new(Removing::default());
-    let jobs = Cache::spawn(
-        Api::<Job>::all(client.clone()),
-        watcher::Config::default(),
-        tx.clone(),
-        {
-            let exp = expectations.clone();
-            let removing = removing.clone();
-            move |job: &Job, exists| {
-                if !exists {
-                    exp.forget(&workload::key(job));
-                    removing.forget(&workload::key(job));
-                }
-                workload::itself(job)
+    let jobs = ctx.informers.get::<Job>();
+    let _jobs_trigger = workload::trigger(&jobs, tx.clone(), {
+        let exp = expectations.clone();
+        let removing = removing.clone();
+        move |job: &Job, exists| {
+            if !exists {
+                exp.forget(&workload::key(job));
+                removing.forget(&workload::key(job));
             }
-        },
-    );
-    let pod_cache = Cache::spawn(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        tx,
-        {
-            let jobs = jobs.store.clone();
-            let (exp, removing) = (expectations.clone(), removing.clone());
-            let mut orphans = orphans_tx;
-            move |pod: &Pod, exists| {
-                let owner = controller_owner::<Job>(&pod.metadata);
-                if let Some(o) = &owner {
-                    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), o.name);
-                    exp.observe(&key, pod, exists);
-                    removing.observe(&key, pod, exists);
-                }
-                // A tracked pod whose Job is gone or done would otherwise keep
-                // its finalizer, and never finish deleting.
-                let job = owner.as_ref().and_then(|o| jobs.get(o));
-                if exists
-                    && has_finalizer(pod)
-                    && job.as_ref().is_none_or(|j| finished(j).is_some())
-                {
-                    let _ = orphans.try_send(pod.clone());
-                }
-                owner
+            workload::itself(job)
+        }
+    });
+    let pod_cache = ctx.informers.get::<Pod>();
+    let _pod_cache_trigger = workload::trigger(&pod_cache, tx, {
+        let jobs = jobs.store().clone();
+        let (exp, removing) = (expectations.clone(), removing.clone());
+        let mut orphans = orphans_tx;
+        move |pod: &Pod, exists| {
+            let owner = controller_owner::<Job>(&pod.metadata);
+            if let Some(o) = &owner {
+                let key = format!("{}/{}", pod.namespace().unwrap_or_default(), o.name);
+                exp.observe(&key, pod, exists);
+                removing.observe(&key, pod, exists);
             }
-        },
-    );
-    jobs.ready().await?;
-    pod_cache.ready().await?;
+            // A tracked pod whose Job is gone or done would otherwise keep
+            // its finalizer, and never finish deleting.
+            let job = owner.as_ref().and_then(|o| jobs.get(o));
+            if exists && has_finalizer(pod) && job.as_ref().is_none_or(|j| finished(j).is_some()) {
+                let _ = orphans.try_send(pod.clone());
+            }
+            owner
+        }
+    });
+    workload::ready(&jobs).await?;
+    workload::ready(&pod_cache).await?;
     let _orphans = AbortOnDrop::spawn(release_orphans(client.clone(), orphans_rx));
     let state = Arc::new(State {
-        events: Recorder::new(client.clone(), "job-controller"),
+        events: Recorder::new(client.clone(), Reporter::new("job-controller")),
         client,
-        pods: pod_cache.store.clone(),
+        pods: pod_cache.store().clone(),
         expectations,
         removing,
         backoff: Mutex::new(HashMap::new()),
     });
-    workload::drive("job", jobs.store.clone(), rx, state, reconcile).await;
+    workload::drive("job", jobs.store().clone(), rx, state, reconcile).await;
     Ok(())
 }
 
@@ -180,13 +166,11 @@ async fn reconcile(job: Arc<Job>, st: Arc<State>) -> Result<Action> {
     {
         // Running an Indexed Job as a NonIndexed one would hand every pod
         // the same work: leave it alone and say so.
-        st.events
-            .warning(
-                &*job,
-                "UnsupportedCompletionMode",
-                "Skipped Job sync: only the NonIndexed completion mode is supported".into(),
-            )
-            .await;
+        st.events.warning(
+            &*job,
+            "UnsupportedCompletionMode",
+            "Skipped Job sync: only the NonIndexed completion mode is supported".into(),
+        );
         return Ok(Action::await_change());
     }
     if let Some(at) = finished(&job) {
@@ -569,14 +553,11 @@ impl<'a> Sync<'a> {
                     Ok(p) => {
                         let name = p.name_any();
                         self.st.expectations.created(&self.key, Some(&name));
-                        self.st
-                            .events
-                            .normal(
-                                &self.job,
-                                "SuccessfulCreate",
-                                format!("Created pod: {name}"),
-                            )
-                            .await;
+                        self.st.events.normal(
+                            &self.job,
+                            "SuccessfulCreate",
+                            format!("Created pod: {name}"),
+                        );
                         Ok(())
                     }
                     Err(e) if workload::is_namespace_terminating(&e) => {
@@ -585,10 +566,11 @@ impl<'a> Sync<'a> {
                     }
                     Err(e) => {
                         self.st.expectations.created(&self.key, None);
-                        self.st
-                            .events
-                            .warning(&self.job, "FailedCreate", format!("Error creating: {e}"))
-                            .await;
+                        self.st.events.warning(
+                            &self.job,
+                            "FailedCreate",
+                            format!("Error creating: {e}"),
+                        );
                         Err(e)
                     }
                 }
@@ -636,14 +618,11 @@ impl<'a> Sync<'a> {
                 };
                 match api.delete(&name, &dp).await {
                     Ok(_) => {
-                        self.st
-                            .events
-                            .normal(
-                                &self.job,
-                                "SuccessfulDelete",
-                                format!("Deleted pod: {name}"),
-                            )
-                            .await;
+                        self.st.events.normal(
+                            &self.job,
+                            "SuccessfulDelete",
+                            format!("Deleted pod: {name}"),
+                        );
                         Ok(())
                     }
                     Err(e) => {
@@ -651,10 +630,11 @@ impl<'a> Sync<'a> {
                         if is_not_found(&e) {
                             return Ok(());
                         }
-                        self.st
-                            .events
-                            .warning(&self.job, "FailedDelete", format!("Error deleting: {e}"))
-                            .await;
+                        self.st.events.warning(
+                            &self.job,
+                            "FailedDelete",
+                            format!("Error deleting: {e}"),
+                        );
                         Err(e).ctx(|| format!("deleting pod {name} of job {}", self.key))
                     }
                 }
@@ -694,8 +674,7 @@ impl<'a> Sync<'a> {
             ) {
                 self.st
                     .events
-                    .normal(&self.job, "Suspended", "Job suspended".into())
-                    .await;
+                    .normal(&self.job, "Suspended", "Job suspended".into());
             }
         } else if ensure_condition(
             status,
@@ -707,8 +686,7 @@ impl<'a> Sync<'a> {
         ) {
             self.st
                 .events
-                .normal(&self.job, "Resumed", "Job resumed".into())
-                .await;
+                .normal(&self.job, "Resumed", "Job resumed".into());
             status.start_time = Some(Time(self.now));
         }
     }
@@ -836,26 +814,21 @@ impl<'a> Sync<'a> {
         if c.type_ == "Complete" {
             let completions = self.job.spec.as_ref().and_then(|s| s.completions);
             if completions.is_some_and(|n| s.succeeded.unwrap_or(0) > n) {
-                self.st
-                    .events
-                    .warning(
-                        &self.job,
-                        "TooManySucceededPods",
-                        "Too many succeeded pods running after completion count reached".into(),
-                    )
-                    .await;
+                self.st.events.warning(
+                    &self.job,
+                    "TooManySucceededPods",
+                    "Too many succeeded pods running after completion count reached".into(),
+                );
             }
             self.st
                 .events
-                .normal(&self.job, "Completed", "Job completed".into())
-                .await;
+                .normal(&self.job, "Completed", "Job completed".into());
             tracing::info!(job = %self.key, succeeded = s.succeeded.unwrap_or(0), "job completed");
         } else {
             let reason = c.reason.clone().unwrap_or_default();
             self.st
                 .events
-                .warning(&self.job, &reason, c.message.clone().unwrap_or_default())
-                .await;
+                .warning(&self.job, &reason, c.message.clone().unwrap_or_default());
             tracing::info!(job = %self.key, reason, failed = s.failed.unwrap_or(0), "job failed");
         }
     }

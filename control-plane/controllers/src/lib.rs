@@ -1,6 +1,11 @@
 //! The controller manager: level-triggered reconcile loops over the API,
 //! each in its own module, all run by [`run`] with one client identity
 //! (`system:kube-controller-manager`).
+//!
+//! Every controller reads the same caches: [`Ctx::informers`] holds one
+//! informer (one watch) per kind for the whole manager, as client-go's
+//! shared informer factory does. Selectors, taints and events are
+//! `kube_util`'s, shared with the scheduler.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,14 +18,13 @@ pub mod cidrset;
 pub mod daemonset;
 pub mod deployment;
 pub mod endpointslice;
-pub mod events;
 pub mod gc;
-pub mod informer;
 pub mod job;
 pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod pods;
+pub mod reconciler;
 pub mod replicaset;
 pub mod served;
 pub mod tokencleaner;
@@ -30,7 +34,6 @@ pub mod workload_expectations;
 pub mod workload_hash;
 pub mod workload_job;
 pub mod workload_rollout;
-pub mod workload_selector;
 
 /// Every controller, by the name `--controllers` uses.
 pub const ALL: &[&str] = &[
@@ -128,6 +131,9 @@ pub enum Error {
 pub struct Ctx {
     pub client: kube::Client,
     pub config: Arc<Config>,
+    /// The manager's informers, one per kind (and scope), shared by
+    /// every controller and kept across a controller's restart.
+    pub informers: kube_util::Factory,
 }
 
 /// Run the enabled controllers until `shutdown` resolves. A controller
@@ -135,6 +141,7 @@ pub struct Ctx {
 /// must not take the others down.
 pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Output = ()>) {
     let ctx = Ctx {
+        informers: kube_util::Factory::new(client.clone()),
         client,
         config: Arc::new(config),
     };

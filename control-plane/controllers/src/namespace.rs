@@ -14,12 +14,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, NamespaceCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -35,11 +33,8 @@ const RECHECK: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_secs(2);
 
 pub async fn run(ctx: Ctx) -> Result<(), Error> {
-    let api: Api<Namespace> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default())
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|_| async {})
-        .await;
+    let namespaces = ctx.informers.get::<Namespace>();
+    crate::reconciler::run(namespaces, Arc::new(ctx), reconcile, error_policy).await;
     Ok(())
 }
 

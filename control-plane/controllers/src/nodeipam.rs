@@ -13,13 +13,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use kube_util::events::{Recorder, Reporter};
 use serde_json::json;
 
 use crate::cidrset::{Cidr, CidrSet};
-use crate::events::Recorder;
-use crate::informer::Informer;
 use crate::{Ctx, Error};
 
 /// Resync when nothing happens (a lost write is retried at the latest then).
@@ -37,21 +35,25 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
     CidrSet::new(cluster, ctx.config.node_cidr_mask_size)
         .map_err(|e| Error::Config(format!("--node-cidr-mask-size: {e}")))?;
     let api: Api<Node> = Api::all(ctx.client.clone());
-    let nodes = Informer::start(api.clone(), watcher::Config::default());
-    nodes.ready().await;
+    let nodes = ctx.informers.get::<Node>();
+    let mut changes = nodes.subscribe();
+    nodes
+        .ready()
+        .await
+        .map_err(|e| Error::Config(e.to_string()))?;
     let mut ipam = Ipam {
         api,
-        events: Recorder::new(ctx.client.clone(), "node-ipam-controller"),
+        events: Recorder::new(ctx.client.clone(), Reporter::new("node-ipam-controller")),
         cluster,
         mask: ctx.config.node_cidr_mask_size,
         written: HashMap::new(),
         warned: HashSet::new(),
     };
     loop {
-        let ok = ipam.sync(&nodes.store().state()).await;
+        let ok = ipam.sync(&nodes.list()).await;
         let wait = if ok { RESYNC } else { RETRY };
         tokio::select! {
-            _ = nodes.changed() => {}
+            _ = changes.changed() => {}
             _ = tokio::time::sleep(wait) => {}
         }
     }
@@ -182,13 +184,11 @@ impl Ipam {
                 continue;
             };
             tracing::warn!(node = %name, cluster_cidr = %self.cluster, "no podCIDR left for node");
-            self.events
-                .normal(
-                    &***node,
-                    "CIDRNotAvailable",
-                    format!("Node {name} status is now: CIDRNotAvailable"),
-                )
-                .await;
+            self.events.normal(
+                &***node,
+                "CIDRNotAvailable",
+                format!("Node {name} status is now: CIDRNotAvailable"),
+            );
         }
         ok
     }

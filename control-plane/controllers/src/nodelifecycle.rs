@@ -22,12 +22,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
+use kube_util::events::{Recorder, Reporter};
+use kube_util::informer::{Informer, Scope};
 use serde_json::json;
 
-use crate::events::Recorder;
-use crate::informer::Informer;
 use crate::{Ctx, Error};
 use eviction::Verdict;
 pub use health::{TAINT_NOT_READY, TAINT_UNREACHABLE};
@@ -40,18 +39,22 @@ const EVICTED_MEMORY: Duration = Duration::from_secs(60);
 
 pub async fn run(ctx: Ctx) -> Result<(), Error> {
     let client = ctx.client.clone();
-    let nodes = Informer::start(Api::<Node>::all(client.clone()), Default::default());
-    let leases = Informer::start(
-        Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE),
-        Default::default(),
-    );
-    let pods = Informer::start(Api::<Pod>::all(client.clone()), Default::default());
-    nodes.ready().await;
-    leases.ready().await;
-    pods.ready().await;
+    let nodes = ctx.informers.get::<Node>();
+    let leases = ctx
+        .informers
+        .namespaced::<Lease>(LEASE_NAMESPACE, Scope::default());
+    let pods = ctx.informers.get::<Pod>();
+    let (mut node_changes, mut pod_changes) = (nodes.subscribe(), pods.subscribe());
+    for ready in [
+        nodes.ready().await,
+        leases.ready().await,
+        pods.ready().await,
+    ] {
+        ready.map_err(|e| Error::Config(e.to_string()))?;
+    }
     let mut lc = Lifecycle {
         client: client.clone(),
-        events: Recorder::new(client, "node-controller"),
+        events: Recorder::new(client, Reporter::new("node-controller")),
         grace: ctx.config.node_monitor_grace_period,
         health: health::Health::default(),
         first_seen: HashMap::new(),
@@ -69,17 +72,17 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
         };
         tokio::select! {
             _ = tick.tick() => {
-                let node_list = nodes.store().state();
+                let node_list = nodes.list();
                 lc.monitor_health(&node_list, &leases).await;
-                lc.mark_pods_not_ready(&node_list, &pods.store().state()).await;
+                lc.mark_pods_not_ready(&node_list, &pods.list()).await;
             }
-            _ = nodes.changed() => {}
-            _ = pods.changed() => {}
+            _ = node_changes.changed() => {}
+            _ = pod_changes.changed() => {}
             _ = deadline => {}
         }
-        let node_list = nodes.store().state();
+        let node_list = nodes.list();
         lc.sync_taints(&node_list).await;
-        wake = lc.evict(&node_list, &pods.store().state()).await;
+        wake = lc.evict(&node_list, &pods.list()).await;
     }
 }
 
@@ -103,9 +106,7 @@ impl Lifecycle {
         self.health.retain(|n| names.contains(n));
         for node in nodes {
             let name = node.name_any();
-            let lease = leases
-                .store()
-                .get(&ObjectRef::new(&name).within(LEASE_NAMESPACE));
+            let lease = leases.get(Some(LEASE_NAMESPACE), &name);
             if !self.health.overdue(node, lease.as_deref(), now, self.grace) {
                 continue;
             }
@@ -125,13 +126,11 @@ impl Lifecycle {
                 Ok(_) => {
                     tracing::warn!(node = %name, grace = ?self.grace, "node stopped posting status: conditions set Unknown");
                     if was_ready {
-                        self.events
-                            .normal(
-                                &**node,
-                                "NodeNotReady",
-                                format!("Node {name} status is now: NodeNotReady"),
-                            )
-                            .await;
+                        self.events.normal(
+                            &**node,
+                            "NodeNotReady",
+                            format!("Node {name} status is now: NodeNotReady"),
+                        );
                     }
                 }
                 // 409: the agent wrote meanwhile; the next tick judges again.
@@ -176,8 +175,7 @@ impl Lifecycle {
                 Ok(_) => {
                     tracing::info!(pod = %pod.name_any(), namespace = ?pod.namespace(), node = ?on, "marked pod not ready: its node is unreachable");
                     self.events
-                        .warning(&**pod, "NodeNotReady", "Node is not ready".into())
-                        .await;
+                        .warning(&**pod, "NodeNotReady", "Node is not ready".into());
                 }
                 Err(e) => {
                     tracing::info!(pod = %pod.name_any(), "marking pod not ready failed: {e}")
@@ -289,13 +287,11 @@ impl Lifecycle {
         }
         let ns = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
-        self.events
-            .normal(
-                pod,
-                "TaintManagerEviction",
-                format!("Marking for deletion Pod {ns}/{name}"),
-            )
-            .await;
+        self.events.normal(
+            pod,
+            "TaintManagerEviction",
+            format!("Marking for deletion Pod {ns}/{name}"),
+        );
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(uid.clone()),

@@ -21,15 +21,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use kube_util::events::{Recorder, Reporter};
+use kube_util::selector;
 
-use crate::events::Recorder;
 use crate::pods::{self, is_active};
-use crate::workload::{self, controller_owner, ApiResultExt, Cache, Error, Result};
+use crate::workload::{self, controller_owner, ApiResultExt, Error, Result};
 use crate::workload_claim::{self as claim, Claim};
 use crate::workload_expectations::Expectations;
-use crate::workload_selector as selector;
 
 /// At most this many pods are created or deleted in one pass (upstream
 /// `BurstReplicas`).
@@ -51,40 +50,32 @@ pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
     let client = ctx.client.clone();
     let (tx, rx) = mpsc::channel(1024);
     let expectations = Arc::new(Expectations::default());
-    let rs_cache = Cache::spawn(
-        Api::<ReplicaSet>::all(client.clone()),
-        watcher::Config::default(),
-        tx.clone(),
-        {
-            let exp = expectations.clone();
-            move |rs: &ReplicaSet, exists| {
-                if !exists {
-                    exp.forget(&workload::key(rs));
-                }
-                workload::itself(rs)
+    let rs_cache = ctx.informers.get::<ReplicaSet>();
+    let _rs_cache_trigger = workload::trigger(&rs_cache, tx.clone(), {
+        let exp = expectations.clone();
+        move |rs: &ReplicaSet, exists| {
+            if !exists {
+                exp.forget(&workload::key(rs));
             }
-        },
-    );
-    let pod_cache = Cache::spawn(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        tx,
-        {
-            let rss = rs_cache.store.clone();
-            let exp = expectations.clone();
-            move |pod: &Pod, exists| owners_of(pod, exists, &rss, &exp)
-        },
-    );
-    rs_cache.ready().await?;
-    pod_cache.ready().await?;
+            workload::itself(rs)
+        }
+    });
+    let pod_cache = ctx.informers.get::<Pod>();
+    let _pod_cache_trigger = workload::trigger(&pod_cache, tx, {
+        let rss = rs_cache.store().clone();
+        let exp = expectations.clone();
+        move |pod: &Pod, exists| owners_of(pod, exists, &rss, &exp)
+    });
+    workload::ready(&rs_cache).await?;
+    workload::ready(&pod_cache).await?;
     let state = Arc::new(State {
-        events: Recorder::new(client.clone(), "replicaset-controller"),
+        events: Recorder::new(client.clone(), Reporter::new("replicaset-controller")),
         client,
-        pods: pod_cache.store.clone(),
-        replicasets: rs_cache.store.clone(),
+        pods: pod_cache.store().clone(),
+        replicasets: rs_cache.store().clone(),
         expectations,
     });
-    workload::drive("replicaset", rs_cache.store.clone(), rx, state, reconcile).await;
+    workload::drive("replicaset", rs_cache.store().clone(), rx, state, reconcile).await;
     Ok(())
 }
 
@@ -229,8 +220,7 @@ async fn manage(
                         let name = p.name_any();
                         st.expectations.created(key, Some(&name));
                         st.events
-                            .normal(rs, "SuccessfulCreate", format!("Created pod: {name}"))
-                            .await;
+                            .normal(rs, "SuccessfulCreate", format!("Created pod: {name}"));
                         Ok(())
                     }
                     Err(e) if workload::is_namespace_terminating(&e) => {
@@ -240,8 +230,7 @@ async fn manage(
                     Err(e) => {
                         st.expectations.created(key, None);
                         st.events
-                            .warning(rs, "FailedCreate", format!("Error creating: {e}"))
-                            .await;
+                            .warning(rs, "FailedCreate", format!("Error creating: {e}"));
                         Err(e)
                     }
                 }

@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
+use kube_util::informer::Scope;
 use skiff_bootstrap::names;
 
 use crate::{Ctx, Error};
@@ -19,12 +18,13 @@ use crate::{Ctx, Error};
 const RETRY: Duration = Duration::from_secs(5);
 
 pub async fn run(ctx: Ctx) -> Result<(), Error> {
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), names::TOKEN_NAMESPACE);
-    let cfg = watcher::Config::default().fields(&format!("type={}", names::TOKEN_SECRET_TYPE));
-    Controller::new(api, cfg)
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|_| async {})
-        .await;
+    // Only bootstrap tokens: watching every Secret of the cluster for
+    // them would cost far more than this scoped watch.
+    let scope = Scope::default().with_fields(&format!("type={}", names::TOKEN_SECRET_TYPE));
+    let tokens = ctx
+        .informers
+        .namespaced::<Secret>(names::TOKEN_NAMESPACE, scope);
+    crate::reconciler::run(tokens, Arc::new(ctx), reconcile, error_policy).await;
     Ok(())
 }
 

@@ -1,23 +1,20 @@
 //! Shared machinery of the workload controllers (deployment, replicaset,
-//! daemonset, job): watched caches that each run in their own task and
-//! turn every change into reconcile requests, the applier loop that runs
-//! one reconcile per object at a time, and the error type of those
-//! reconciles.
+//! daemonset, job): triggers that turn every change of a shared informer
+//! into reconcile requests, the applier loop that runs one reconcile per
+//! object at a time, and the error type of those reconciles.
 //!
 //! Why not `Controller::owns`/`watches`: those open a second watch for
 //! every related kind and fire before any cache of that kind is updated, so
 //! a reconcile woken by "pod became ready" could read a cache that does not
-//! show it yet and never be woken again. Here a trigger is only sent after
-//! the cache it came from has applied the change, and a relist (after a
-//! watch desync) triggers once the fresh list is in place, including for
-//! objects that vanished meanwhile (upstream informers'
-//! `DeletedFinalStateUnknown`).
+//! show it yet and never be woken again. Here a trigger comes from the
+//! informer's subscription, which hears of a change only after its cache
+//! applied it; a relist (after a watch desync) replays once the fresh list
+//! is in place, including deletions of objects that vanished meanwhile
+//! (upstream informers' `DeletedFinalStateUnknown`).
 
-use std::collections::HashSet;
 use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::Future;
-use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,11 +23,9 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use kube::runtime::controller::{self, Action};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
-use kube::{Api, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use kube_util::informer::{Informer, Object};
 use tokio::task::JoinHandle;
 
 /// What a workload reconcile can fail with.
@@ -81,96 +76,45 @@ pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-/// A watched cache of `K`. Its task runs until the `Cache` is dropped.
-pub struct Cache<K: Resource + 'static>
+/// Turn every change of `informer` into reconcile requests: after the
+/// informer's store applied a change to an object, `map(object,
+/// still_exists)` names the roots to reconcile, which are sent on `tx`.
+/// Runs until the returned handle is dropped or `tx`'s receiver is.
+pub fn trigger<K, R, I, M>(
+    informer: &Informer<K>,
+    tx: mpsc::Sender<ObjectRef<R>>,
+    mut map: M,
+) -> AbortOnDrop<()>
 where
-    K::DynamicType: Eq + Hash + Clone,
+    K: Object,
+    R: Resource<DynamicType = ()> + 'static,
+    I: IntoIterator<Item = ObjectRef<R>>,
+    M: FnMut(&K, bool) -> I + Send + 'static,
 {
-    pub store: Store<K>,
-    _task: AbortOnDrop<()>,
-}
-
-impl<K> Cache<K>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    /// Watch `api` into a store. After the store applied a change to an
-    /// object, `map(object, still_exists)` names the roots to reconcile;
-    /// they are sent on `tx`.
-    pub fn spawn<R, I, M>(
-        api: Api<K>,
-        cfg: watcher::Config,
-        tx: mpsc::Sender<ObjectRef<R>>,
-        mut map: M,
-    ) -> Self
-    where
-        R: Resource<DynamicType = ()> + 'static,
-        I: IntoIterator<Item = ObjectRef<R>>,
-        M: FnMut(&K, bool) -> I + Send + 'static,
-    {
-        let (store, writer) = reflector::store();
-        let reader = store.clone();
-        let kind = K::kind(&()).into_owned();
-        let task = tokio::spawn(async move {
-            let mut tx = tx;
-            let mut events =
-                std::pin::pin!(watcher::watcher(api, cfg).default_backoff().reflect(writer));
-            // Roots touched by a relist, sent once the new list is in the
-            // store; and what the store held before it.
-            let mut pending: Vec<ObjectRef<R>> = Vec::new();
-            let mut before: Vec<Arc<K>> = Vec::new();
-            while let Some(ev) = events.next().await {
-                let out: Vec<ObjectRef<R>> = match ev {
-                    Ok(Event::Apply(o)) => map(&o, true).into_iter().collect(),
-                    Ok(Event::Delete(o)) => map(&o, false).into_iter().collect(),
-                    Ok(Event::Init) => {
-                        pending.clear();
-                        before = reader.state();
-                        continue;
-                    }
-                    Ok(Event::InitApply(o)) => {
-                        pending.extend(map(&o, true));
-                        continue;
-                    }
-                    Ok(Event::InitDone) => {
-                        let now: HashSet<ObjectRef<K>> = reader
-                            .state()
-                            .iter()
-                            .map(|o| ObjectRef::from_obj(&**o))
-                            .collect();
-                        for gone in std::mem::take(&mut before) {
-                            if !now.contains(&ObjectRef::from_obj(&*gone)) {
-                                pending.extend(map(&gone, false));
-                            }
-                        }
-                        std::mem::take(&mut pending)
-                    }
-                    // The watcher retries with back-off by itself.
-                    Err(e) => {
-                        tracing::warn!(kind, "watch failed, retrying: {e}");
-                        continue;
-                    }
-                };
-                for r in out {
-                    if tx.send(r).await.is_err() {
-                        return;
-                    }
+    let mut changes = informer.subscribe();
+    AbortOnDrop::spawn(async move {
+        let mut tx = tx;
+        while let Some(change) = changes.recv().await {
+            let Some((obj, exists)) = change.object() else {
+                continue;
+            };
+            let roots: Vec<ObjectRef<R>> = map(obj, exists).into_iter().collect();
+            for r in roots {
+                if tx.send(r).await.is_err() {
+                    return;
                 }
             }
-        });
-        Cache {
-            store,
-            _task: AbortOnDrop(task),
         }
-    }
+    })
+}
 
-    /// Wait until the first full list is in the store. A reconcile that
-    /// read a half-filled cache would, for example, create pods that exist.
-    pub async fn ready(&self) -> Result<(), crate::Error> {
-        self.store.wait_until_ready().await.map_err(|e| {
-            crate::Error::Config(format!("cache of {} never filled: {e}", K::kind(&())))
-        })
-    }
+/// Wait until `informer` has its first full list. A reconcile that read a
+/// half-filled cache would, for example, create pods that exist.
+pub async fn ready<K: Object>(informer: &Informer<K>) -> Result<(), crate::Error> {
+    informer
+        .ready()
+        .await
+        .map_err(|e| crate::Error::Config(format!("cache never filled: {e}")))
 }
 
 /// The API refused a create because the namespace is being deleted: the
@@ -305,7 +249,7 @@ pub async fn delete_owned_pod<K: kube::Resource<DynamicType = ()>>(
     owner: &K,
     pod: &k8s_openapi::api::core::v1::Pod,
     grace: Option<u32>,
-    events: &crate::events::Recorder,
+    events: &kube_util::Recorder,
     expectations: &crate::workload_expectations::Expectations,
     kind: &str,
 ) -> Result<()> {
@@ -321,9 +265,7 @@ pub async fn delete_owned_pod<K: kube::Resource<DynamicType = ()>>(
     };
     match api.delete(&name, &dp).await {
         Ok(_) => {
-            events
-                .normal(owner, "SuccessfulDelete", format!("Deleted pod: {name}"))
-                .await;
+            events.normal(owner, "SuccessfulDelete", format!("Deleted pod: {name}"));
             Ok(())
         }
         Err(e) => {
@@ -331,9 +273,7 @@ pub async fn delete_owned_pod<K: kube::Resource<DynamicType = ()>>(
             if is_not_found(&e) {
                 return Ok(());
             }
-            events
-                .warning(owner, "FailedDelete", format!("Error deleting: {e}"))
-                .await;
+            events.warning(owner, "FailedDelete", format!("Error deleting: {e}"));
             Err(e).ctx(|| format!("deleting pod {name} of {kind} {key}"))
         }
     }

@@ -1,33 +1,36 @@
 //! What the scheduler tells users: `Scheduled` and `FailedScheduling`
-//! events (events.k8s.io/v1, through kube-runtime's Recorder, which
-//! folds repeats into a series) and the pod's `PodScheduled=False`
-//! condition with reason `Unschedulable`.
+//! events (through `kube_util`'s recorder, shared with the controllers:
+//! one event per distinct message, repeats folded into a series) and the
+//! pod's `PodScheduled=False` condition with reason `Unschedulable`.
 //!
-//! These writes run in their own task, fed through a bounded channel, so
-//! that they never hold up decisions or bindings. Like upstream's event
-//! broadcaster, events that do not fit in the channel are dropped: they
-//! are informational. The pod condition is re-sent on the next failed
-//! attempt if it was dropped, because the scheduling loop decides on it
-//! from the pod as the watch shows it.
+//! Neither ever holds up decisions or bindings. The recorder queues
+//! events and drops them when too far behind, as upstream's broadcaster
+//! does: they are informational. The condition writes run in their own
+//! task, fed through a bounded channel, and are dropped likewise: the
+//! condition is re-sent on the next failed attempt, because the
+//! scheduling loop decides on it from the pod as the watch shows it.
 
 use std::future::Future;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube_util::events::{Event, EventType, Recorder, Reporter};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::podinfo::PodInfo;
 
-/// How many notices may wait; past this they are dropped.
+/// How many condition writes may wait; past this they are dropped.
 const CAPACITY: usize = 8192;
-/// Writes in flight at once. Kept low so that bindings get the API
-/// server's attention first.
+/// Condition writes in flight at once. Kept low so that bindings get the
+/// API server's attention first.
 const CONCURRENCY: usize = 4;
+/// How long queued events may take to be written at shutdown.
+const FLUSH: Duration = Duration::from_secs(5);
 
 /// Something to tell about a pod.
 #[derive(Debug)]
@@ -55,95 +58,104 @@ pub fn reference(pod: &PodInfo) -> ObjectReference {
     }
 }
 
+/// A PodScheduled=False write.
+#[derive(Debug)]
+struct Condition {
+    pod: ObjectReference,
+    message: String,
+    since: Time,
+}
+
 /// The sending side, held by the scheduling loop.
 #[derive(Debug, Clone)]
 pub struct Notifier {
-    tx: mpsc::Sender<Notice>,
+    recorder: Recorder,
+    conditions: mpsc::Sender<Condition>,
 }
 
 impl Notifier {
-    /// Queue `notice`; drops it when the writer is too far behind.
+    /// Record `notice`; never waits, drops what does not fit.
     pub fn send(&self, notice: Notice) {
-        if let Err(e) = self.tx.try_send(notice) {
-            debug!(error = %e, "event writer behind, dropping a scheduler event");
+        match notice {
+            Notice::Scheduled { pod, node } => {
+                let note = format!(
+                    "Successfully assigned {}/{} to {node}",
+                    pod.namespace.as_deref().unwrap_or_default(),
+                    pod.name.as_deref().unwrap_or_default()
+                );
+                let ev = Event {
+                    type_: EventType::Normal,
+                    reason: "Scheduled".into(),
+                    note,
+                    action: "Binding".into(),
+                };
+                self.recorder.record(pod, ev);
+            }
+            Notice::FailedScheduling {
+                pod,
+                message,
+                condition,
+            } => {
+                if let Some(since) = condition {
+                    let write = Condition {
+                        pod: pod.clone(),
+                        message: message.clone(),
+                        since,
+                    };
+                    if let Err(e) = self.conditions.try_send(write) {
+                        debug!(error = %e, "condition writer behind, dropping a PodScheduled update");
+                    }
+                }
+                let ev = Event {
+                    type_: EventType::Warning,
+                    reason: "FailedScheduling".into(),
+                    note: message,
+                    action: "Scheduling".into(),
+                };
+                self.recorder.record(pod, ev);
+            }
         }
     }
 }
 
-/// A notifier and the writer task's body, which runs until the notifier
-/// is dropped and the queued notices are written (or `stop` resolves).
+/// A notifier and the condition writer's body, which runs until the
+/// notifier is dropped, the queued conditions are written and the queued
+/// events flushed (or `stop` resolves).
 pub fn channel(
     client: kube::Client,
     scheduler_name: &str,
     stop: impl Future<Output = ()>,
 ) -> (Notifier, impl Future<Output = ()>) {
-    let (tx, mut rx) = mpsc::channel(CAPACITY);
-    let reporter = Reporter {
-        controller: scheduler_name.to_string(),
-        instance: Some(scheduler_name.to_string()),
-    };
-    let recorder = Recorder::new(client.clone(), reporter.clone());
+    let (tx, mut rx) = mpsc::channel::<Condition>(CAPACITY);
+    let recorder = Recorder::new(client.clone(), Reporter::new(scheduler_name));
+    let flush = recorder.clone();
     let writer = async move {
-        let notices = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        let all =
-            notices.for_each_concurrent(CONCURRENCY, |n| write(&client, &reporter, &recorder, n));
+        let conditions = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let work = async {
+            conditions
+                .for_each_concurrent(CONCURRENCY, |c| {
+                    set_condition(&client, c.pod, c.message, c.since)
+                })
+                .await;
+            flush.shutdown(FLUSH).await;
+        };
         tokio::select! {
-            _ = all => {}
+            _ = work => {}
             _ = stop => {}
         }
     };
-    (Notifier { tx }, writer)
-}
-
-async fn write(client: &kube::Client, reporter: &Reporter, recorder: &Recorder, notice: Notice) {
-    match notice {
-        Notice::Scheduled { pod, node } => {
-            let note = format!(
-                "Successfully assigned {}/{} to {node}",
-                pod.namespace.as_deref().unwrap_or_default(),
-                pod.name.as_deref().unwrap_or_default()
-            );
-            let ev = Event {
-                type_: EventType::Normal,
-                reason: "Scheduled".into(),
-                note: Some(note),
-                action: "Binding".into(),
-                secondary: None,
-            };
-            // A pod is scheduled once: nothing to fold into a series, so
-            // a recorder of its own, whose cache stays empty. The shared
-            // one would keep every pod for six minutes and scan them all
-            // on each publish, which a burst of thousands feels.
-            let once = Recorder::new(client.clone(), reporter.clone());
-            if let Err(e) = once.publish(&ev, &pod).await {
-                debug!(pod = ?pod.name, error = %e, "could not record the Scheduled event");
-            }
-        }
-        Notice::FailedScheduling {
-            pod,
-            message,
-            condition,
-        } => {
-            if let Some(since) = condition {
-                set_condition(client, &pod, &message, since).await;
-            }
-            let ev = Event {
-                type_: EventType::Warning,
-                reason: "FailedScheduling".into(),
-                note: Some(message),
-                action: "Scheduling".into(),
-                secondary: None,
-            };
-            if let Err(e) = recorder.publish(&ev, &pod).await {
-                debug!(pod = ?pod.name, error = %e, "could not record the FailedScheduling event");
-            }
-        }
-    }
+    (
+        Notifier {
+            recorder,
+            conditions: tx,
+        },
+        writer,
+    )
 }
 
 /// PodScheduled=False, reason Unschedulable, through pods/status: a
 /// strategic merge patch, which merges conditions by type.
-async fn set_condition(client: &kube::Client, pod: &ObjectReference, message: &str, since: Time) {
+async fn set_condition(client: &kube::Client, pod: ObjectReference, message: String, since: Time) {
     let (Some(ns), Some(name)) = (pod.namespace.as_deref(), pod.name.as_deref()) else {
         return;
     };

@@ -10,22 +10,17 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{
-    NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
-};
+use k8s_openapi::api::core::v1::{PodSpec, Toleration};
+use kube_util::nodeaffinity;
+use kube_util::taints::{self, tolerates_parts, NO_SCHEDULE};
+// The node lifecycle controller puts TAINT_NOT_READY on a node whose
+// Ready condition is False (TAINT_UNREACHABLE for Unknown); the filters
+// treat a not-ready node as carrying it even before the controller has
+// acted, so that only pods tolerating it (DaemonSet pods) land there.
+pub use kube_util::taints::{TAINT_NOT_READY, TAINT_UNREACHABLE, TAINT_UNSCHEDULABLE};
 
 use crate::nodeinfo::{NodeInfo, Readiness};
 use crate::podinfo::PodInfo;
-
-/// The taint the node lifecycle controller puts on a node whose Ready
-/// condition is False; the filters treat a not-ready node as carrying it
-/// even before the controller has acted, so that only pods tolerating it
-/// (DaemonSet pods) land there.
-pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
-/// Likewise for Ready=Unknown (or no Ready condition yet).
-pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
-/// The taint that stands for `spec.unschedulable` in tolerations.
-pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 
 /// Why a node was filtered out. `Display` gives upstream's wording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,44 +97,14 @@ fn unschedulable<'a>(tolerations: &[Toleration], node: &NodeInfo) -> Option<Reas
     let tolerated = || {
         tolerations
             .iter()
-            .any(|t| tolerates(t, TAINT_UNSCHEDULABLE, "", "NoSchedule"))
+            .any(|t| tolerates_parts(t, TAINT_UNSCHEDULABLE, "", NO_SCHEDULE))
     };
     (node.unschedulable && !tolerated()).then_some(Reason::Unschedulable)
 }
 
-/// Upstream `Toleration.ToleratesTaint`: an empty effect matches every
-/// effect, an empty key with `Exists` matches every taint.
-pub fn tolerates(t: &Toleration, key: &str, value: &str, effect: &str) -> bool {
-    if let Some(e) = t.effect.as_deref().filter(|e| !e.is_empty()) {
-        if e != effect {
-            return false;
-        }
-    }
-    if let Some(k) = t.key.as_deref().filter(|k| !k.is_empty()) {
-        if k != key {
-            return false;
-        }
-    }
-    match t.operator.as_deref().unwrap_or("") {
-        "" | "Equal" => t.value.as_deref().unwrap_or("") == value,
-        "Exists" => true,
-        _ => false,
-    }
-}
-
-fn blocks_scheduling(effect: &str) -> bool {
-    effect == "NoSchedule" || effect == "NoExecute"
-}
-
 fn untolerated_taint<'a>(tolerations: &[Toleration], node: &'a NodeInfo) -> Option<Reason<'a>> {
     let taints = node.taints();
-    let untolerated = |t: &Taint| {
-        blocks_scheduling(&t.effect)
-            && !tolerations
-                .iter()
-                .any(|tol| tolerates(tol, &t.key, t.value.as_deref().unwrap_or(""), &t.effect))
-    };
-    if let Some(t) = taints.iter().find(|t| untolerated(t)) {
+    if let Some(t) = taints::untolerated_blocking(taints, tolerations) {
         return Some(Reason::Taint {
             key: &t.key,
             value: t.value.as_deref().unwrap_or(""),
@@ -156,7 +121,7 @@ fn untolerated_taint<'a>(tolerations: &[Toleration], node: &'a NodeInfo) -> Opti
     }
     let tolerated = tolerations
         .iter()
-        .any(|t| tolerates(t, condition_taint, "", "NoSchedule"));
+        .any(|t| tolerates_parts(t, condition_taint, "", NO_SCHEDULE));
     (!tolerated).then_some(Reason::Taint {
         key: condition_taint,
         value: "",
@@ -165,71 +130,7 @@ fn untolerated_taint<'a>(tolerations: &[Toleration], node: &'a NodeInfo) -> Opti
 
 /// nodeSelector and required node affinity (upstream NodeAffinity).
 pub fn node_affinity(spec: &PodSpec, node: &NodeInfo) -> bool {
-    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    let labels = node.labels().unwrap_or(&EMPTY);
-    if let Some(sel) = &spec.node_selector {
-        if !sel.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-            return false;
-        }
-    }
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    match required {
-        // Terms are ORed; an empty list matches nothing.
-        Some(r) => r
-            .node_selector_terms
-            .iter()
-            .any(|t| term_matches(t, labels, &node.name)),
-        None => true,
-    }
-}
-
-/// One nodeSelectorTerm: its expressions and fields are ANDed; a term
-/// with neither matches nothing (upstream `NodeSelectorRequirementsAsSelector`).
-fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>, name: &str) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
-    let fields = term.match_fields.as_deref().unwrap_or(&[]);
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    exprs
-        .iter()
-        .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-        && fields.iter().all(|r| {
-            // Only metadata.name is a supported field, with In/NotIn.
-            r.key == "metadata.name"
-                && matches!(r.operator.as_str(), "In" | "NotIn")
-                && requirement_matches(r, Some(name))
-        })
-}
-
-/// One requirement against the value of its key (`None`: absent).
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or(&[]);
-    let int_cmp = |want: std::cmp::Ordering| {
-        let (Some(v), [bound]) = (value, values) else {
-            return false;
-        };
-        match (v.parse::<i64>(), bound.parse::<i64>()) {
-            (Ok(v), Ok(b)) => v.cmp(&b) == want,
-            _ => false,
-        }
-    };
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" => int_cmp(std::cmp::Ordering::Greater),
-        "Lt" => int_cmp(std::cmp::Ordering::Less),
-        _ => false,
-    }
+    nodeaffinity::pod_matches(spec, node.labels(), &node.name)
 }
 
 fn ports_free(pod: &PodInfo, node: &NodeInfo) -> bool {

@@ -1,22 +1,21 @@
-//! Watches of nodes and pods, each in its own task, feeding one channel
-//! to the scheduling loop. Decoding (and working out a pod's scheduling
-//! facts) happens in these tasks, off the loop.
+//! The node and pod informers (`kube_util`'s, the same machinery as the
+//! controllers'), each subscription forwarded by its own task into one
+//! channel to the scheduling loop. Working out a pod's scheduling facts
+//! happens in these tasks, off the loop.
 //!
-//! kube-runtime's watcher re-lists after a desync (410 Gone), an API
-//! server restart or any error, with back-off; a re-list arrives as
-//! `Relisting`, the objects, then `Listed`, after which whatever was not
-//! listed is gone.
+//! A (re-)list arrives as `Relisting`, the objects, then `Listed`; the
+//! informer reports objects that vanished while its watch was away as
+//! deleted before `Listed`, and the loop also drops whatever the list did
+//! not show.
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use kube_util::informer::{Change, Informer, Object, Subscription};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::warn;
 
 use crate::podinfo::PodInfo;
 
@@ -33,56 +32,40 @@ pub enum Update {
     PodsListed,
 }
 
-/// Updates waiting for the loop; past this the watches wait.
+/// Updates waiting for the loop; past this the forwarding tasks wait
+/// (the informers' own queues take up the slack).
 const CAPACITY: usize = 4096;
 
-/// Start both watches. The tasks run until aborted or until the
-/// receiver is dropped.
+/// Start both informers and their forwarding tasks. The tasks, which
+/// keep the informers alive, run until aborted or until the receiver is
+/// dropped.
 pub fn start(client: &kube::Client) -> (mpsc::Receiver<Update>, Vec<JoinHandle<()>>) {
     let (tx, rx) = mpsc::channel(CAPACITY);
-    let nodes = tokio::spawn(forward(
-        Api::<Node>::all(client.clone()),
-        tx.clone(),
-        "nodes",
-        |ev| match ev {
-            Event::Init => Update::NodesRelisting,
-            Event::InitApply(n) | Event::Apply(n) => Update::Node(n),
-            Event::Delete(n) => Update::NodeDeleted(n),
-            Event::InitDone => Update::NodesListed,
-        },
-    ));
-    let pods = tokio::spawn(forward(
-        Api::<Pod>::all(client.clone()),
-        tx,
-        "pods",
-        |ev| match ev {
-            Event::Init => Update::PodsRelisting,
-            Event::InitApply(p) | Event::Apply(p) => Update::Pod(Arc::new(PodInfo::new(p))),
-            Event::Delete(p) => Update::PodDeleted(Arc::new(PodInfo::new(p))),
-            Event::InitDone => Update::PodsListed,
-        },
-    ));
+    let nodes = Informer::<Node>::start(Api::all(client.clone()), watcher::Config::default());
+    let pods = Informer::<Pod>::start(Api::all(client.clone()), watcher::Config::default());
+    let nodes = tokio::spawn(forward(nodes.subscribe(), tx.clone(), |c| match c {
+        Change::Relisting => Update::NodesRelisting,
+        Change::Applied(n) => Update::Node(Arc::unwrap_or_clone(n)),
+        Change::Deleted(n) => Update::NodeDeleted(Arc::unwrap_or_clone(n)),
+        Change::Listed => Update::NodesListed,
+    }));
+    let pods = tokio::spawn(forward(pods.subscribe(), tx, |c| match c {
+        Change::Relisting => Update::PodsRelisting,
+        Change::Applied(p) => Update::Pod(Arc::new(PodInfo::new(Arc::unwrap_or_clone(p)))),
+        Change::Deleted(p) => Update::PodDeleted(Arc::new(PodInfo::new(Arc::unwrap_or_clone(p)))),
+        Change::Listed => Update::PodsListed,
+    }));
     (rx, vec![nodes, pods])
 }
 
-async fn forward<K>(
-    api: Api<K>,
+async fn forward<K: Object>(
+    mut changes: Subscription<K>,
     tx: mpsc::Sender<Update>,
-    what: &'static str,
-    convert: impl Fn(Event<K>) -> Update,
-) where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(ev) => {
-                if tx.send(convert(ev)).await.is_err() {
-                    return;
-                }
-            }
-            Err(e) => warn!(resource = what, error = %e,
-                "scheduler watch failed; re-listing with back-off (check the API server and the scheduler's RBAC)"),
+    convert: impl Fn(Change<K>) -> Update,
+) {
+    while let Some(c) = changes.recv().await {
+        if tx.send(convert(c)).await.is_err() {
+            return;
         }
     }
 }

@@ -3,8 +3,6 @@
 //!
 //! # Layout
 //!
-//! - [`quantity`], [`resources`]: resource amounts, a pod's requests, a
-//!   node's allocatable.
 //! - [`podinfo`], [`nodeinfo`]: a pod's and a node's scheduling facts.
 //! - [`cache`]: nodes with the pods bound or assumed on them.
 //! - [`filter`], [`score`]: the pure decision functions, and the
@@ -12,7 +10,10 @@
 //! - [`queue`]: pending pods, back-off and unschedulable parking.
 //! - [`bind`]: the pods/binding write.
 //! - [`events`]: events and the PodScheduled condition.
-//! - `informer`: the node and pod watches.
+//! - `informer`: the node and pod watches, fed to the loop.
+//!
+//! Quantities, a pod's requests, taints and node affinity are
+//! `kube_util`'s, shared with the controllers.
 //! - `scheduler`: the loop that ties them together.
 
 #![forbid(unsafe_code)]
@@ -27,9 +28,7 @@ pub mod filter;
 mod informer;
 pub mod nodeinfo;
 pub mod podinfo;
-pub mod quantity;
 pub mod queue;
-pub mod resources;
 mod scheduler;
 pub mod score;
 

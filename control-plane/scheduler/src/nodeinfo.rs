@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
+use kube_util::resources::{self, Resources};
 
 use crate::podinfo::{HostPort, PodInfo};
-use crate::resources::{self, Resources};
 
 /// The node's Ready condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

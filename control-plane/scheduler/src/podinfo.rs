@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::resources::{self, Resources};
+use kube_util::resources::{self, Resources};
 
 /// A host port a container asks for. Two pods conflict on a node when
 /// protocol and port match and either address is the wildcard or both

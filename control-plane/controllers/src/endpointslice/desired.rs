@@ -50,8 +50,7 @@ pub fn selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
 
 /// Whether `pod` carries every label of `sel`.
 pub fn selects(sel: &BTreeMap<String, String>, pod: &Pod) -> bool {
-    let labels = pod.labels();
-    sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+    kube_util::selector::map_matches(sel, pod.metadata.labels.as_ref())
 }
 
 /// The pod's IPv4 address, if it has one.

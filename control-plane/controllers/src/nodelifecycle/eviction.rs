@@ -4,8 +4,7 @@
 //! used runs out, counted from the taint's timeAdded.
 
 use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
-
-use super::health::NO_EXECUTE;
+use kube_util::taints::{tolerates, NO_EXECUTE};
 
 /// What to do with a pod on a tainted node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,26 +12,6 @@ pub enum Verdict {
     Keep,
     EvictNow,
     EvictAt(jiff::Timestamp),
-}
-
-/// Upstream's Toleration.ToleratesTaint: an empty effect or key matches
-/// any; operator Exists ignores the value, Equal (the default) compares.
-pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
-    let effect = t.effect.as_deref().unwrap_or_default();
-    if !effect.is_empty() && effect != taint.effect {
-        return false;
-    }
-    let key = t.key.as_deref().unwrap_or_default();
-    if !key.is_empty() && key != taint.key {
-        return false;
-    }
-    match t.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => true,
-        "Equal" | "" => {
-            t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
-        }
-        _ => false,
-    }
 }
 
 /// The verdict for `pod` given its node's `taints` at `now`. `added`

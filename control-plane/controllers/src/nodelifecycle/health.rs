@@ -12,9 +12,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
-pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
-pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
-pub const NO_EXECUTE: &str = "NoExecute";
+pub use kube_util::taints::{NO_EXECUTE, TAINT_NOT_READY, TAINT_UNREACHABLE};
 
 /// The conditions the agent reports and the controller marks Unknown.
 pub const CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];

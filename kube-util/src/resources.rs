@@ -1,6 +1,6 @@
 //! Resource amounts: what a pod requests (upstream's `PodRequests`
 //! formula with init containers, sidecars and overhead) and what a node
-//! offers (`status.allocatable`).
+//! offers (`status.allocatable`), in exact integers (see [`crate::quantity`]).
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::quantity;
 
 /// Requests of containers without a CPU request count as this many
-/// millicores when scoring (upstream `DefaultMilliCPURequest`), so that
+/// millicores when scheduling scores nodes (upstream `DefaultMilliCPURequest`), so that
 /// best-effort pods still spread.
 pub const DEFAULT_MILLI_CPU_REQUEST: i64 = 100;
 /// Likewise for memory (upstream `DefaultMemoryRequest`, 200 MiB).
@@ -41,6 +41,8 @@ impl Resources {
         r
     }
 
+    /// An unparsable amount counts as none: validation refuses those, and
+    /// a pod the API stored before that must not stop scheduling.
     fn set(&mut self, name: &str, q: &str) {
         match name {
             "cpu" => self.cpu = quantity::milli_value(q).unwrap_or(0),
@@ -183,7 +185,7 @@ pub fn node_allocatable(node: &Node) -> (Resources, i64) {
         Some(list) => {
             let pods = list
                 .get("pods")
-                .and_then(|q| quantity::value(&q.0))
+                .and_then(|q| quantity::value(&q.0).ok())
                 .unwrap_or(0);
             (Resources::from_list(list), pods)
         }

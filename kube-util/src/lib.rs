@@ -1,0 +1,52 @@
+//! Kubernetes mechanisms that the scheduler, the controllers, the agent
+//! and the API server must agree on, each written once: matching
+//! (selectors, node affinity, tolerations), arithmetic (quantities, a
+//! pod's requests, its QoS class), wording (kubectl's pod STATUS,
+//! durations), and the two pieces of client machinery every control loop
+//! needs (one informer per kind, one event recorder).
+//!
+//! # Layout
+//!
+//! - [`selector`]: label selectors and `key: value` map selectors.
+//! - [`nodeaffinity`]: node selector terms (`matchExpressions` with Gt /
+//!   Lt, `matchFields`), a pod's nodeSelector and required node affinity.
+//! - [`taints`]: `tolerates`, the untolerated taint of a node, the
+//!   well-known taint keys and effects.
+//! - [`quantity`]: exact quantities (`100m`, `1.5Gi`, `1e3`).
+//! - [`resources`]: a pod's effective requests, a node's allocatable.
+//! - [`qos`]: a pod's QoS class.
+//! - [`podstatus`]: the STATUS column of `kubectl get pods`.
+//! - [`duration`]: Go durations (`1m30s`) and kubectl ages (`5m3s`, `2d`).
+//! - [`informer`]: a watched cache per kind, its subscriptions, and the
+//!   factory that shares them across a process.
+//! - [`events`]: the event recorder (one event per distinct message,
+//!   repeats as a series, never waiting on the API).
+
+#![forbid(unsafe_code)]
+
+pub mod duration;
+pub mod events;
+pub mod informer;
+pub mod nodeaffinity;
+pub mod podstatus;
+pub mod qos;
+pub mod quantity;
+pub mod resources;
+pub mod selector;
+pub mod taints;
+
+pub use events::Recorder;
+pub use informer::{Factory, Informer};
+
+/// Any failure of this crate, for callers that gather them.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Quantity(#[from] quantity::Error),
+    #[error(transparent)]
+    Duration(#[from] duration::Error),
+    #[error(transparent)]
+    Selector(#[from] selector::Error),
+    #[error(transparent)]
+    Informer(#[from] informer::Error),
+}
