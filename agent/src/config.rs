@@ -684,43 +684,11 @@ pub fn parse_optional_addr(s: &str) -> std::result::Result<Option<SocketAddr>, S
         .map_err(|e| format!("invalid address {s:?}: {e} (expected HOST:PORT, or none)"))
 }
 
-/// Parse `1h2m3s`, `500ms`, `10s`; a bare number is seconds.
+/// A Go duration (`10s`, `1h30m`, `250ms`) or plain seconds, as the
+/// kubelet's flags and KubeletConfiguration take them (clap wants the error
+/// as text).
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut num = String::new();
-    let mut chars = s.chars().peekable();
-    let mut seen_unit = false;
-    while let Some(c) = chars.next() {
-        if c.is_ascii_digit() || c == '.' {
-            num.push(c);
-            continue;
-        }
-        let mut unit = c.to_string();
-        if c == 'm' && chars.peek() == Some(&'s') {
-            unit.push(chars.next().unwrap_or('s'));
-        }
-        let value: f64 = num
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?}: expected e.g. 10s, 5m, 1h"))?;
-        let secs = match unit.as_str() {
-            "ms" => value / 1000.0,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            _ => return Err(format!("invalid duration {s:?}: unknown unit {unit:?}")),
-        };
-        total += Duration::from_secs_f64(secs);
-        num.clear();
-        seen_unit = true;
-    }
-    if !num.is_empty() || !seen_unit {
-        return Err(format!("invalid duration {s:?}: expected e.g. 10s, 5m, 1h"));
-    }
-    Ok(total)
+    kube_util::duration::parse_duration_or_seconds(s).map_err(|e| e.to_string())
 }
 
 /// The kubelet's default node name: the hostname, lowercased.

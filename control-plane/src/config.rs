@@ -226,7 +226,7 @@ impl Config {
             .unwrap_or_default();
         let duration = |field: &'static str, v: Option<String>, default: u64| match v {
             None => Ok(Duration::from_secs(default)),
-            Some(v) => parse_duration(&v).ok_or(Error::Invalid {
+            Some(v) => parse_duration(&v).map_err(|_| Error::Invalid {
                 field,
                 value: v,
                 why: "not a duration (use 500ms, 40s, 5m, 1h)".into(),
@@ -288,21 +288,9 @@ impl Config {
     }
 }
 
-/// `500ms`, `40s`, `5m`, `1h`, or plain seconds.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let ms = match unit {
-        "ms" => n,
-        "" | "s" => n.checked_mul(1000)?,
-        "m" => n.checked_mul(60_000)?,
-        "h" => n.checked_mul(3_600_000)?,
-        _ => return None,
-    };
-    Some(Duration::from_millis(ms))
-}
+/// A Go duration (`500ms`, `40s`, `1m30s`, `1h`) or plain seconds, as
+/// every duration flag takes.
+pub use kube_util::duration::parse_duration_or_seconds as parse_duration;
 
 #[cfg(test)]
 mod tests {
@@ -356,11 +344,14 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_duration("40s"), Some(Duration::from_secs(40)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("7"), Some(Duration::from_secs(7)));
-        assert_eq!(parse_duration("1d"), None);
-        assert_eq!(parse_duration("s"), None);
+        assert_eq!(
+            parse_duration("500ms").ok(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("40s").ok(), Some(Duration::from_secs(40)));
+        assert_eq!(parse_duration("2m").ok(), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("7").ok(), Some(Duration::from_secs(7)));
+        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("s").is_err());
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use hyper::body::Incoming;
-use skiff_daemon::{limits, serve};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use skiff_daemon::{limits, serve};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 

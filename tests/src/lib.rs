@@ -38,8 +38,8 @@
 //!
 //! Everything here needs root and only touches loopback and addresses the
 //! fixture created (198.18.0.0/15).
-#![allow(clippy::disallowed_methods)] // a test harness: sync helpers (Drop, cleanup) may sleep, and short-lived commands run under the test's own timeout
-
+#![allow(clippy::disallowed_methods)]
+// a test harness: sync helpers (Drop, cleanup) may sleep, and short-lived commands run under the test's own timeout
 #![forbid(unsafe_code)]
 
 pub mod agent;

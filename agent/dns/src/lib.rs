@@ -16,6 +16,7 @@
 //! Pods with `dnsPolicy: ClusterFirst` reach it through the nameserver
 //! that `--cluster-dns` puts in their resolv.conf (the agent's
 //! runtime::sandbox). A crate of its own, run in-process by skiff-agent.
+#![forbid(unsafe_code)]
 
 pub mod gateway;
 mod handler;

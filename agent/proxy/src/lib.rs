@@ -22,6 +22,7 @@
 //! watchers have listed, does one full sync (replacing whatever a
 //! previous run left), then applies changes as they come, at most once
 //! per `min_sync_period`, with a periodic repairing full sync.
+#![forbid(unsafe_code)]
 
 pub mod conntrack;
 pub mod exec;

@@ -6,6 +6,7 @@
 //! informer (one watch) per kind for the whole manager, as client-go's
 //! shared informer factory does. Selectors, taints and events are
 //! `kube_util`'s, shared with the scheduler.
+#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::sync::Arc;

@@ -252,7 +252,13 @@ async fn orphan_deletion_keeps_dependents_without_the_owner() {
     let rs = create_rs(&rss, "or", None).await;
     let other = create_rs(&rss, "other", None).await;
     create_pod(&pods, "or-1", vec![owner_ref(&rs)], None).await;
-    create_pod(&pods, "or-2", vec![owner_ref(&rs), plain_owner_ref(&other)], None).await;
+    create_pod(
+        &pods,
+        "or-2",
+        vec![owner_ref(&rs), plain_owner_ref(&other)],
+        None,
+    )
+    .await;
     ok(server.kubectl(&[
         "delete",
         "replicaset",

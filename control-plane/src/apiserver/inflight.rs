@@ -69,7 +69,8 @@ impl Inflight {
         path: Option<&ResourcePath>,
         query: &Query,
     ) -> Result<Admit, ApiError> {
-        if long_running(method, path, query) || identity.groups.iter().any(|g| g == PRIVILEGED_GROUP)
+        if long_running(method, path, query)
+            || identity.groups.iter().any(|g| g == PRIVILEGED_GROUP)
         {
             return Ok(Admit::Unbounded);
         }
@@ -152,7 +153,9 @@ mod tests {
         let q = Query::parse(None);
         let u = user(&["system:authenticated"]);
         let get = f.admit(&u, &Method::GET, Some(&pods(None)), &q).unwrap();
-        let e = f.admit(&u, &Method::GET, Some(&pods(None)), &q).unwrap_err();
+        let e = f
+            .admit(&u, &Method::GET, Some(&pods(None)), &q)
+            .unwrap_err();
         assert_eq!((e.code, e.reason), (429, "TooManyRequests"));
         // Writes have their own slots.
         let post = f.admit(&u, &Method::POST, Some(&pods(None)), &q).unwrap();
@@ -172,13 +175,22 @@ mod tests {
         for (method, sub, q) in [
             (&Method::GET, None, &watch),
             (&Method::POST, Some("exec"), &Query::parse(None)),
-            (&Method::GET, Some("log"), &Query::parse(Some("follow=true"))),
+            (
+                &Method::GET,
+                Some("log"),
+                &Query::parse(Some("follow=true")),
+            ),
         ] {
             let a = f.admit(&u, method, Some(&pods(sub)), q).unwrap();
             assert!(matches!(a, Admit::Unbounded), "{method} {sub:?}");
         }
         assert!(f
-            .admit(&u, &Method::GET, Some(&pods(Some("log"))), &Query::parse(None))
+            .admit(
+                &u,
+                &Method::GET,
+                Some(&pods(Some("log"))),
+                &Query::parse(None)
+            )
             .is_err());
         let admin = user(&["system:masters"]);
         assert!(f

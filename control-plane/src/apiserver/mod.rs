@@ -293,9 +293,7 @@ impl ApiServer {
             .inflight
             .admit(&identity, &parts.method, path_of, &query)?
         {
-            inflight::Admit::Unbounded => {
-                self.dispatch(parts, body, target, query, identity).await
-            }
+            inflight::Admit::Unbounded => self.dispatch(parts, body, target, query, identity).await,
             inflight::Admit::Bounded {
                 _permit,
                 timeout: Some(t),
@@ -612,7 +610,11 @@ pub(crate) fn error_response(e: &ApiError) -> Response<Body> {
     }
     let mut resp = json_response(e.code, &e.to_status());
     // Clients back off by the header; the Status carries the same number.
-    if let Some(secs) = e.details.as_ref().and_then(|d| d["retryAfterSeconds"].as_u64()) {
+    if let Some(secs) = e
+        .details
+        .as_ref()
+        .and_then(|d| d["retryAfterSeconds"].as_u64())
+    {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }

@@ -321,10 +321,7 @@ mod tests {
         ];
         for (stored, want) in cases {
             let got = splice_resource_version(stored, 9).unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&got),
-                String::from_utf8_lossy(want)
-            );
+            assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(want));
         }
         assert!(splice_resource_version(br#"{"spec":{"metadata":{}}}"#, 3).is_none());
         assert_eq!(

@@ -219,7 +219,11 @@ mod tests {
         // Embedded structs' fields sit where Go puts them (VolumeSource).
         let vol = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
             "spec": {"volumes": [{"emptyDir": {}, "name": "v"}], "containers": []}});
-        assert!(text(&vol).contains(r#""volumes":[{"name":"v","emptyDir":{}}]"#), "{}", text(&vol));
+        assert!(
+            text(&vol).contains(r#""volumes":[{"name":"v","emptyDir":{}}]"#),
+            "{}",
+            text(&vol)
+        );
     }
 
     #[test]

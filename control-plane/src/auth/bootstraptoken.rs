@@ -58,7 +58,10 @@ pub fn valid_extra_group(g: &str) -> bool {
 pub fn expired(secret: &Value, now: jiff::Timestamp) -> bool {
     match data_str(secret, names::KEY_EXPIRATION) {
         None => false,
-        Some(t) => t.trim().parse::<jiff::Timestamp>().map_or(true, |e| e <= now),
+        Some(t) => t
+            .trim()
+            .parse::<jiff::Timestamp>()
+            .map_or(true, |e| e <= now),
     }
 }
 
@@ -170,10 +173,7 @@ mod tests {
         assert!(id.in_group("system:bootstrappers"));
         assert!(id.in_group("system:bootstrappers:skiff:default-node-token"));
         assert!(id.in_group("system:authenticated"));
-        assert_eq!(
-            check(&s, &t, now + hours(2)).unwrap_err(),
-            "it has expired"
-        );
+        assert_eq!(check(&s, &t, now + hours(2)).unwrap_err(), "it has expired");
         let wrong = BootstrapToken {
             secret: "0000000000000000".into(),
             ..t.clone()

@@ -444,9 +444,9 @@ async fn token(cmd: TokenCmd, cfg: &Config) -> anyhow::Result<()> {
             conn,
         } => {
             let ttl = match skiff_control_plane::config::parse_duration(&ttl) {
-                Some(d) if d.is_zero() => None,
-                Some(d) => Some(d),
-                None => {
+                Ok(d) if d.is_zero() => None,
+                Ok(d) => Some(d),
+                Err(_) => {
                     anyhow::bail!("--ttl {ttl:?}: not a duration (use 30m, 24h, or 0 for never)")
                 }
             };
