@@ -115,6 +115,8 @@ fn acknowledged_writes_survive_sigkill() {
         let until = Instant::now() + Duration::from_millis(run_for);
         while Instant::now() < until {
             wal_max = wal_max.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+            // A synchronous test driving a child process: no runtime here.
+            #[allow(clippy::disallowed_methods)]
             std::thread::sleep(Duration::from_millis(5));
         }
         nix::sys::signal::kill(
