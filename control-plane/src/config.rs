@@ -74,6 +74,9 @@ pub struct Settings {
     pub max_connections: Option<usize>,
     /// Connections held at once from one source address (`0` no limit).
     pub max_connections_per_source: Option<usize>,
+    /// kube-apiserver's `EncryptionConfiguration` file: encrypt the listed
+    /// resources (Secrets) in the store.
+    pub encryption_provider_config: Option<PathBuf>,
 }
 
 impl Settings {
@@ -122,6 +125,9 @@ impl Settings {
             max_connections_per_source: self
                 .max_connections_per_source
                 .or(other.max_connections_per_source),
+            encryption_provider_config: self
+                .encryption_provider_config
+                .or(other.encryption_provider_config),
         }
     }
 
@@ -176,6 +182,9 @@ pub struct Config {
     pub max_connections: usize,
     /// Zero: no per-source cap.
     pub max_connections_per_source: usize,
+    /// Encrypt resources at rest as this file says (checked when the
+    /// server starts); `None`: everything is stored as plaintext.
+    pub encryption_provider_config: Option<PathBuf>,
 }
 
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/skiff-server";
@@ -284,6 +293,7 @@ impl Config {
             cluster_cidr,
             token_auth_file: s.token_auth_file,
             extra_sans: s.tls_san.unwrap_or_default(),
+            encryption_provider_config: s.encryption_provider_config,
         })
     }
 }

@@ -36,6 +36,9 @@ pub enum Error {
     Tls(String),
     #[error("opening the datastore: {0}")]
     Store(#[from] store::Error),
+    /// `--encryption-provider-config` is unreadable or refused.
+    #[error("{0}")]
+    Encryption(#[from] store::encryption::Error),
     #[error("bootstrapping the API: {0}")]
     Bootstrap(#[from] ApiError),
     #[error("creating {path}: {source}")]
@@ -94,6 +97,26 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, Error> {
     }
 }
 
+/// `store` with `--encryption-provider-config` applied (as it is without
+/// one). Metrics wrap this, so store latencies include the ciphers.
+///
+/// # Errors
+/// The config file is unreadable or refused; the message names the field.
+pub fn encrypted(cfg: &Config, store: Arc<dyn Store>) -> Result<Arc<dyn Store>, Error> {
+    let Some(path) = &cfg.encryption_provider_config else {
+        return Ok(store);
+    };
+    let t = store::encryption::EncryptionConfiguration::load(path)?.transformers(path)?;
+    for rule in t.rules() {
+        tracing::info!(
+            resource = %rule.resource,
+            provider = %t.chain(rule).active().label(),
+            "encrypting at rest"
+        );
+    }
+    Ok(Arc::new(store::encryption::EncryptedStore::new(store, t)))
+}
+
 /// The address other hosts reach this server on: the bind address, or the
 /// host's first non-loopback IPv4 when bound to all addresses.
 fn advertise_ip(cfg: &Config) -> std::net::IpAddr {
@@ -125,6 +148,8 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         path: cfg.data_dir.display().to_string(),
         source,
     })?;
+    // A bad encryption config refuses to start before anything listens.
+    let store = encrypted(cfg, store)?;
     let pki = Pki::load_or_create(&cfg.data_dir)?;
     let addr = SocketAddr::new(cfg.bind_address, cfg.secure_port);
     let listener = TcpListener::bind(addr)
@@ -284,6 +309,19 @@ pub fn local_url(bind: std::net::IpAddr, port: u16) -> String {
         bind.to_string()
     };
     format!("https://{host}:{port}")
+}
+
+/// Whether something accepts connections at `url`'s address (a server
+/// serving the data dir, when `url` is [`serving_url`]'s).
+pub fn answers(url: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    let hostport = url.trim_start_matches("https://").trim_end_matches('/');
+    let Ok(addrs) = hostport.to_socket_addrs() else {
+        return false;
+    };
+    addrs.into_iter().any(|a| {
+        std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok()
+    })
 }
 
 /// The URL the server running on `cfg`'s data dir serves at, as it wrote

@@ -135,6 +135,11 @@ struct ServeArgs {
     /// Connections held at once from one address; 0 no limit [default: 1000].
     #[arg(long)]
     max_connections_per_source: Option<usize>,
+    /// kube-apiserver's EncryptionConfiguration (YAML or JSON): encrypt
+    /// the resources it lists (secrets) in the datastore with aescbc,
+    /// aesgcm or secretbox keys.
+    #[arg(long, global = true)]
+    encryption_provider_config: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -164,6 +169,7 @@ impl ServeArgs {
             request_timeout: self.request_timeout.clone(),
             max_connections: self.max_connections,
             max_connections_per_source: self.max_connections_per_source,
+            encryption_provider_config: self.encryption_provider_config.clone(),
         };
         Config::resolve(flags, self.config.as_deref()).context("resolving configuration")
     }
@@ -188,6 +194,10 @@ enum Cmd {
     /// Join tokens for `skiff-agent join` (bootstrap token Secrets).
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Secrets encryption at rest (k3s's secrets-encrypt), with the keys
+    /// of --encryption-provider-config.
+    #[command(subcommand)]
+    SecretsEncrypt(SecretsEncryptCmd),
     /// Install as a systemd service (binary, config, unit; enabled and started).
     Install {
         #[command(flatten)]
@@ -276,6 +286,24 @@ impl TokenConn {
 }
 
 #[derive(Subcommand, Debug)]
+enum SecretsEncryptCmd {
+    /// Whether encryption is on, the key that writes, and how many stored
+    /// values each key (or plaintext) holds.
+    Status,
+    /// Put a new key first in the config file (old keys stay, to read);
+    /// restart the server, then run reencrypt.
+    Rotate,
+    /// Rewrite every stored value of the configured resources with the
+    /// first key. With SQLite, stop the server first.
+    Reencrypt {
+        /// Run although a server seems to serve this data dir (SQLite:
+        /// its watchers would miss the rewrites).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum SnapshotCmd {
     /// Write a consistent snapshot of the datastore to FILE.
     Save { file: PathBuf },
@@ -315,6 +343,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Some(Cmd::Token(cmd)) => token(cmd, &cfg).await,
+        Some(Cmd::SecretsEncrypt(cmd)) => secrets_encrypt(cmd, &cfg).await,
         Some(Cmd::Install {
             dirs,
             config_from,
@@ -431,6 +460,79 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     tokio::select! {
         _ = handle.shutdown() => {}
         _ = term.recv() => tracing::warn!("second SIGTERM: exiting without draining"),
+    }
+    Ok(())
+}
+
+async fn secrets_encrypt(cmd: SecretsEncryptCmd, cfg: &Config) -> anyhow::Result<()> {
+    use skiff_control_plane::store::encryption::{admin, EncryptedStore, EncryptionConfiguration};
+    let path = cfg.encryption_provider_config.as_deref();
+    let loaded = match path {
+        Some(p) => Some(EncryptionConfiguration::load(p)?),
+        None => None,
+    };
+    let transformers = match (&loaded, path) {
+        (Some(c), Some(p)) => Some(c.transformers(p)?),
+        _ => None,
+    };
+    let need = || {
+        anyhow::anyhow!(
+            "no --encryption-provider-config: pass the file the server runs with \
+             (or set encryption-provider-config in --config)"
+        )
+    };
+    match cmd {
+        SecretsEncryptCmd::Status => {
+            let raw = server::open_store(cfg)
+                .await
+                .context("opening the datastore")?;
+            let counts = admin::status(raw.as_ref(), transformers.as_ref())
+                .await
+                .context("counting stored values")?;
+            print!("{}", admin::status_text(path, &counts));
+        }
+        SecretsEncryptCmd::Rotate => {
+            let (Some(mut c), Some(p)) = (loaded, path) else {
+                return Err(need());
+            };
+            let added = c.rotate(jiff::Timestamp::now());
+            let json = std::fs::read_to_string(p)?.trim_start().starts_with('{');
+            c.save(p, json)?;
+            println!(
+                "added {} first in {} (older keys kept, to read)\n\
+                 restart skiff-server to write with it, then run \
+                 `skiff-server secrets-encrypt reencrypt`",
+                added.join(", "),
+                p.display()
+            );
+        }
+        SecretsEncryptCmd::Reencrypt { force } => {
+            let (Some(t), Some(_)) = (transformers, path) else {
+                return Err(need());
+            };
+            let url = server::serving_url(cfg);
+            if cfg.datastore_endpoints.is_empty() && !force && server::answers(&url) {
+                anyhow::bail!(
+                    "skiff-server is serving this data dir at {url}: stop it first. SQLite \
+                     is written by one server, whose watchers would miss these rewrites \
+                     (--force runs anyway; with etcd it runs beside the servers)"
+                );
+            }
+            let raw = server::open_store(cfg)
+                .await
+                .context("opening the datastore")?;
+            let store = EncryptedStore::new(raw, t.clone());
+            let event_ttl = cfg.event_ttl;
+            let done = admin::reencrypt(&store, &t, |key| {
+                event_ttl.filter(|_| key.starts_with("/registry/core/events/"))
+            })
+            .await
+            .context("re-encrypting")?;
+            println!(
+                "re-encrypted {} values; {} were already under the first key",
+                done.rewritten, done.current
+            );
+        }
     }
     Ok(())
 }

@@ -18,6 +18,9 @@
 //!   status/restore run Debian's `etcdctl` (package `etcd-client`).
 //! - [`compactor`]: compaction on a schedule for either backend, taking
 //!   turns with other servers through upstream's `compact_rev_key`.
+//! - [`encryption`]: secrets at rest (`--encryption-provider-config`), a
+//!   wrapper that encrypts the configured resources' values on the way
+//!   down and decrypts them on the way up.
 //! - [`bench`](mod@bench): raw write benchmark, the baseline for the API benchmark.
 //!
 //! Both backends skip a no-op update (the same bytes as stored: nothing is
@@ -33,6 +36,7 @@ use futures::Stream;
 
 pub mod bench;
 pub mod compactor;
+pub mod encryption;
 pub mod etcd;
 mod leases;
 pub mod snapshot;
