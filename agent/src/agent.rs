@@ -98,9 +98,32 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     if config.node_ip.is_some() {
         facts.internal_ip = config.node_ip;
     }
+    // Raised once for the process (Go does this for every Go program), so
+    // that connections and pods share the hard limit.
+    let fd_limit = skiff_daemon::limits::raise_fd_limit().unwrap_or_else(|e| {
+        tracing::warn!("could not raise the open-files limit: {e}");
+        1024
+    });
+    // A standalone agent (static pods, no API server) has no CA to
+    // authenticate callers with: it runs without its node server, as the
+    // kubelet's standalone mode does, instead of failing. Decided before
+    // binding, so that no port is held that nothing serves.
+    let client_ca = if config.port == 0 {
+        None
+    } else {
+        match server::tls::client_ca(&config) {
+            Err(server::tls::Error::NoClientCa) => {
+                tracing::warn!(
+                    "node server off: no client CA (--client-ca-file or a --kubeconfig naming its CA); logs, exec and port-forward are not served"
+                );
+                None
+            }
+            ca => Some(ca?),
+        }
+    };
     // Bound before the Node is reported, so that its daemonEndpoints port
     // is one that answers.
-    let node_listener = if config.port != 0 {
+    let node_listener = if client_ca.is_some() {
         let addr = std::net::SocketAddr::new(config.address, config.port);
         let l = tokio::net::TcpListener::bind(addr)
             .await
@@ -191,20 +214,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
 
     let mut serving_cert = None;
-    // A standalone agent (static pods, no API server) has no CA to
-    // authenticate callers with: it runs without its node server, as the
-    // kubelet's standalone mode does, instead of failing.
-    let node_listener = match (node_listener, server::tls::client_ca(&config)) {
-        (Some(_), Err(server::tls::Error::NoClientCa)) => {
-            tracing::warn!(
-                "node server off: no client CA (--client-ca-file or a --kubeconfig naming its CA); logs, exec and port-forward are not served"
-            );
-            None
-        }
-        (Some(l), ca) => Some((l, ca?)),
-        (None, _) => None,
-    };
-    if let Some((listener, client_ca)) = node_listener {
+    if let (Some(listener), Some(client_ca)) = (node_listener, client_ca) {
         let cert = server::tls::ReloadingCert::new(server::tls::serving_cert(
             &config,
             &facts.hostname,
@@ -222,7 +232,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             &config.node_name,
         ));
         let router = server::secure::router(state, authorizer);
-        tokio::spawn(server::secure::serve(listener, tls, router, stopped()));
+        tokio::spawn(server::secure::serve(
+            listener,
+            tls,
+            router,
+            fd_limit,
+            stopped(),
+        ));
     }
 
     let (relist_tx, relist_rx) = mpsc::channel(4);

@@ -58,11 +58,13 @@ async fn guard(State(authorizer): State<Arc<Authorizer>>, req: Request, next: Ne
 }
 
 /// Serve `router` over TLS on `listener` until `shutdown` resolves; open
-/// connections (streams included) are then given a few seconds.
+/// connections (streams included) are then given a few seconds. Connections
+/// are capped below `fd_limit`, the process's open-files limit.
 pub async fn serve(
     listener: TcpListener,
     tls: rustls::ServerConfig,
     router: Router,
+    fd_limit: u64,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
@@ -81,15 +83,21 @@ pub async fn serve(
             }
         }
     };
-    skiff_daemon::serve::serve(listener, acceptor, connection_limits(), make, shutdown).await;
+    skiff_daemon::serve::serve(
+        listener,
+        acceptor,
+        connection_limits(fd_limit),
+        make,
+        shutdown,
+    )
+    .await;
 }
 
 /// The node server's caps: every caller is the API server, an
 /// administrator or a monitoring agent, so a few hundred connections are
 /// plenty; beyond, a flood of idle connections must not starve the agent
-/// of descriptors (the fd limit is raised at start).
-fn connection_limits() -> Arc<skiff_daemon::limits::ConnectionLimits> {
+/// of descriptors.
+fn connection_limits(fd_limit: u64) -> Arc<skiff_daemon::limits::ConnectionLimits> {
     use skiff_daemon::limits;
-    let fds = limits::raise_fd_limit().unwrap_or(1024);
-    limits::ConnectionLimits::new(limits::connection_cap(1000, fds), 250)
+    limits::ConnectionLimits::new(limits::connection_cap(1000, fd_limit), 250)
 }

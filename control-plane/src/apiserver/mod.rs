@@ -289,20 +289,16 @@ impl ApiServer {
             Target::Resource(p) => Some(p),
             _ => None,
         };
-        match self
+        // Held until the answer is ready.
+        let admitted = self
             .inflight
-            .admit(&identity, &parts.method, path_of, &query)?
-        {
-            inflight::Admit::Unbounded => self.dispatch(parts, body, target, query, identity).await,
-            inflight::Admit::Bounded {
-                _permit,
-                timeout: Some(t),
-            } => tokio::time::timeout(t, self.dispatch(parts, body, target, query, identity))
+            .admit(&identity, &parts.method, path_of, &query)?;
+        let served = self.dispatch(parts, body, target, query, identity);
+        match admitted.timeout {
+            Some(t) => tokio::time::timeout(t, served)
                 .await
                 .unwrap_or_else(|_| Err(inflight::timed_out())),
-            inflight::Admit::Bounded { _permit, .. } => {
-                self.dispatch(parts, body, target, query, identity).await
-            }
+            None => served.await,
         }
     }
 
