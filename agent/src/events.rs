@@ -18,7 +18,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use tokio::sync::mpsc;
 
-pub use correlate::{go_duration, Correlator, Write};
+pub use correlate::{Correlator, Write};
 
 use crate::pod::PodExt;
 

@@ -43,7 +43,10 @@ pub enum Error {
         source: cri_proto::Error,
     },
     #[error("unmounting under {path}: {why}")]
-    Unmount { path: PathBuf, why: String },
+    Unmount {
+        path: PathBuf,
+        why: crate::volumes::Error,
+    },
     #[error("removing the node's network rules and routes: {0:#}")]
     Network(anyhow::Error),
 }

@@ -270,7 +270,7 @@ fn restart_or_wait(
                 reason: "CrashLoopBackOff".into(),
                 message: format!(
                     "back-off {} restarting failed container={} pod={}_{}({})",
-                    crate::status::fmt_duration(delay),
+                    kube_util::duration::format_go(delay),
                     spec.name,
                     pod.name(),
                     pod.namespace(),

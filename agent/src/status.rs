@@ -4,7 +4,6 @@
 //! reasons the last sync recorded (image pull errors, back-offs).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -14,7 +13,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::pod::{PodExt, RestartPolicy};
-use crate::runtime::resources;
 use crate::runtime::state::{ContainerInfo, PodRuntime, State};
 
 /// A reason a container is waiting, recorded by the sync that found it.
@@ -167,7 +165,7 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
         start_time: Some(Time(i.start_time)),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
-        qos_class: Some(qos_class(pod).into()),
+        qos_class: Some(kube_util::qos::qos_class(pod).as_str().into()),
         ..Default::default()
     }
 }
@@ -374,110 +372,8 @@ fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'stat
     "Pending"
 }
 
-/// Guaranteed when every container's cpu and memory limits equal their
-/// requests; BestEffort when none has any; Burstable otherwise.
-pub fn qos_class(pod: &Pod) -> &'static str {
-    let all: Vec<&Container> = pod
-        .containers()
-        .iter()
-        .chain(pod.init_containers())
-        .collect();
-    let has_any = all.iter().any(|c| {
-        c.resources.as_ref().is_some_and(|r| {
-            r.limits.as_ref().is_some_and(|m| !m.is_empty())
-                || r.requests.as_ref().is_some_and(|m| !m.is_empty())
-        })
-    });
-    if !has_any {
-        return "BestEffort";
-    }
-    let guaranteed = all.iter().all(|c| {
-        ["cpu", "memory"].iter().all(|r| {
-            let lim = resources::get(c, resources::Which::Limit, r)
-                .and_then(|q| resources::parse_quantity(&q));
-            let req = resources::get(c, resources::Which::Request, r)
-                .and_then(|q| resources::parse_quantity(&q));
-            lim.is_some() && lim == req
-        })
-    });
-    if guaranteed {
-        "Guaranteed"
-    } else {
-        "Burstable"
-    }
-}
-
 pub fn ns_to_time(ns: i64) -> Timestamp {
     Timestamp::from_nanosecond(ns as i128).unwrap_or(Timestamp::UNIX_EPOCH)
-}
-
-/// Go's `time.Duration.String()` for whole seconds: `10s`, `1m20s`, `5m0s`,
-/// as the kubelet's back-off messages print it.
-pub fn fmt_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    if d.subsec_millis() != 0 && s < 60 {
-        return format!("{}s", d.as_secs_f64());
-    }
-    match (s / 3600, (s % 3600) / 60, s % 60) {
-        (0, 0, sec) => format!("{sec}s"),
-        (0, m, sec) => format!("{m}m{sec}s"),
-        (h, m, sec) => format!("{h}h{m}m{sec}s"),
-    }
-}
-
-/// The STATUS column of `kubectl get pods` (kubectl's printer logic).
-pub fn display_status(pod: &Pod, status: &PodStatus) -> String {
-    let mut reason = status
-        .reason
-        .clone()
-        .or_else(|| status.phase.clone())
-        .unwrap_or_default();
-    let inits = status.init_container_statuses.clone().unwrap_or_default();
-    let mut initializing = false;
-    for (n, s) in inits.iter().enumerate() {
-        let st = s.state.clone().unwrap_or_default();
-        if let Some(t) = &st.terminated {
-            if t.exit_code == 0 {
-                continue;
-            }
-            reason = match &t.reason {
-                Some(r) if !r.is_empty() => format!("Init:{r}"),
-                _ => format!("Init:ExitCode:{}", t.exit_code),
-            };
-        } else if let Some(w) = st
-            .waiting
-            .as_ref()
-            .filter(|w| w.reason.as_deref().is_some_and(|r| r != "PodInitializing"))
-        {
-            reason = format!("Init:{}", w.reason.clone().unwrap_or_default());
-        } else {
-            reason = format!("Init:{}/{}", n, pod.init_containers().len());
-        }
-        initializing = true;
-        break;
-    }
-    if !initializing {
-        let mut has_running = false;
-        for s in status.container_statuses.iter().flatten().rev() {
-            let st = s.state.clone().unwrap_or_default();
-            if let Some(r) = st.waiting.and_then(|w| w.reason) {
-                reason = r;
-            } else if let Some(t) = st.terminated {
-                reason = t
-                    .reason
-                    .unwrap_or_else(|| format!("ExitCode:{}", t.exit_code));
-            } else if st.running.is_some() && s.ready {
-                has_running = true;
-            }
-        }
-        if reason == "Completed" && has_running {
-            reason = "Running".into();
-        }
-    }
-    if pod.metadata.deletion_timestamp.is_some() {
-        reason = "Terminating".into();
-    }
-    reason
 }
 
 pub mod manager;

@@ -34,6 +34,19 @@ pub const NODE_CLIENT_USAGES: &[&str] = &[USAGE_DIGITAL_SIGNATURE, USAGE_CLIENT_
 /// `spec.usages` of a node's serving certificate request.
 pub const NODE_SERVING_USAGES: &[&str] = &[USAGE_DIGITAL_SIGNATURE, USAGE_SERVER_AUTH];
 
+/// What a node's client certificate may be used for.
+const CLIENT_ALLOWED: &[&str] = &[
+    USAGE_DIGITAL_SIGNATURE,
+    USAGE_KEY_ENCIPHERMENT,
+    USAGE_CLIENT_AUTH,
+];
+/// What a node's serving certificate may be used for.
+const SERVING_ALLOWED: &[&str] = &[
+    USAGE_DIGITAL_SIGNATURE,
+    USAGE_KEY_ENCIPHERMENT,
+    USAGE_SERVER_AUTH,
+];
+
 /// Why a request cannot be read or built.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -52,6 +65,26 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a request breaks its signer's rules, in words for a `Failed`
+/// condition or a log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("subject organization must be exactly [{group}], not {0:?}", group = names::NODES_GROUP)]
+    Organization(Vec<String>),
+    #[error("subject common name must be {prefix}<node name>, not {0:?}", prefix = names::NODE_USER_PREFIX)]
+    CommonName(String),
+    #[error("a node client certificate carries no subject alternative names")]
+    ClientNames,
+    #[error("a node serving certificate needs at least one DNS name or IP address")]
+    NoServingNames,
+    #[error("a node serving certificate carries no e-mail or URI names")]
+    OtherNames,
+    #[error("usages must include {0:?}")]
+    MissingUsage(&'static str),
+    #[error("usage {0:?} is not allowed (allowed: {1:?})")]
+    Usage(String, &'static [&'static str]),
+}
 
 /// What a certificate request asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,40 +154,39 @@ pub fn parse_der(der: &[u8]) -> Result<Request> {
 }
 
 /// The node name of a `system:node:<name>` / `system:nodes` subject.
-fn node_subject(req: &Request) -> std::result::Result<&str, String> {
+fn node_subject(req: &Request) -> Result<&str, Invalid> {
     if req.organizations != [names::NODES_GROUP] {
-        return Err(format!(
-            "subject organization must be exactly [{}], not {:?}",
-            names::NODES_GROUP,
-            req.organizations
-        ));
+        return Err(Invalid::Organization(req.organizations.clone()));
     }
     req.common_name
         .strip_prefix(names::NODE_USER_PREFIX)
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| {
-            format!(
-                "subject common name must be {}<node name>, not {:?}",
-                names::NODE_USER_PREFIX,
-                req.common_name
-            )
-        })
+        .ok_or_else(|| Invalid::CommonName(req.common_name.clone()))
 }
 
 fn usages_within(
     usages: &[String],
-    required: &[&str],
-    allowed: &[&str],
-) -> std::result::Result<(), String> {
+    required: &[&'static str],
+    allowed: &'static [&'static str],
+) -> Result<(), Invalid> {
     for r in required {
         if !usages.iter().any(|u| u == r) {
-            return Err(format!("usages must include {r:?}"));
+            return Err(Invalid::MissingUsage(r));
         }
     }
     if let Some(u) = usages.iter().find(|u| !allowed.contains(&u.as_str())) {
-        return Err(format!("usage {u:?} is not allowed (allowed: {allowed:?})"));
+        return Err(Invalid::Usage(u.clone(), allowed));
     }
     Ok(())
+}
+
+/// Usages fit for a client certificate (signer
+/// `kube-apiserver-client`): client auth, nothing for serving.
+///
+/// # Errors
+/// A missing `client auth` or a usage client certificates do not have.
+pub fn client_usages(usages: &[String]) -> Result<(), Invalid> {
+    usages_within(usages, &[USAGE_CLIENT_AUTH], CLIENT_ALLOWED)
 }
 
 /// The node a client certificate request is for, if it is a valid node
@@ -162,22 +194,15 @@ fn usages_within(
 ///
 /// # Errors
 /// What makes it not one, in words for a `Failed` condition or a log.
-pub fn node_client<'a>(
-    req: &'a Request,
-    usages: &[String],
-) -> std::result::Result<&'a str, String> {
+pub fn node_client<'a>(req: &'a Request, usages: &[String]) -> Result<&'a str, Invalid> {
     let node = node_subject(req)?;
     if !req.dns_names.is_empty() || !req.ip_addresses.is_empty() || req.other_names > 0 {
-        return Err("a node client certificate carries no subject alternative names".into());
+        return Err(Invalid::ClientNames);
     }
     usages_within(
         usages,
         &[USAGE_DIGITAL_SIGNATURE, USAGE_CLIENT_AUTH],
-        &[
-            USAGE_DIGITAL_SIGNATURE,
-            USAGE_KEY_ENCIPHERMENT,
-            USAGE_CLIENT_AUTH,
-        ],
+        CLIENT_ALLOWED,
     )?;
     Ok(node)
 }
@@ -187,25 +212,18 @@ pub fn node_client<'a>(
 ///
 /// # Errors
 /// What makes it not one.
-pub fn node_serving<'a>(
-    req: &'a Request,
-    usages: &[String],
-) -> std::result::Result<&'a str, String> {
+pub fn node_serving<'a>(req: &'a Request, usages: &[String]) -> Result<&'a str, Invalid> {
     let node = node_subject(req)?;
     if req.dns_names.is_empty() && req.ip_addresses.is_empty() {
-        return Err("a node serving certificate needs at least one DNS name or IP address".into());
+        return Err(Invalid::NoServingNames);
     }
     if req.other_names > 0 {
-        return Err("a node serving certificate carries no e-mail or URI names".into());
+        return Err(Invalid::OtherNames);
     }
     usages_within(
         usages,
         &[USAGE_DIGITAL_SIGNATURE, USAGE_SERVER_AUTH],
-        &[
-            USAGE_DIGITAL_SIGNATURE,
-            USAGE_KEY_ENCIPHERMENT,
-            USAGE_SERVER_AUTH,
-        ],
+        SERVING_ALLOWED,
     )?;
     Ok(node)
 }

@@ -7,12 +7,15 @@
 //!   them (`K10<sha256>::<id>.<secret>`, k3s's format).
 //! - [`csr`]: node certificate requests: built on the node (the key stays
 //!   there), recognized by the API server, the approver and the signers.
+//! - [`identity`]: the user and groups a client certificate names, as
+//!   each side authenticates the other.
 //! - [`names`]: the well-known names both sides use: the bootstrap token
 //!   Secrets and their keys, the bootstrap identities, the signers of node
 //!   certificates, the CA endpoint.
 #![forbid(unsafe_code)]
 
 pub mod csr;
+pub mod identity;
 pub mod names;
 pub mod token;
 

@@ -6,24 +6,52 @@
 //! Both the API server's Table output and the agent's logs print it, so
 //! users see the same word in both.
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 
 /// The reason the node lifecycle controller gives pods on a node that
 /// stopped reporting (upstream `NodeUnreachablePodReason`).
 pub const NODE_LOST: &str = "NodeLost";
 
+/// What `kubectl get pods` shows of a pod besides its name, IP and age.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The STATUS column.
+    pub status: String,
+    /// Ready containers (app containers and started sidecars).
+    pub ready: usize,
+    /// App containers and sidecars (restartable init containers).
+    pub total: usize,
+    /// The RESTARTS column's count.
+    pub restarts: i64,
+    /// When the last counted restart's container finished, for
+    /// RESTARTS' `(5m ago)`.
+    pub last_restart: Option<Timestamp>,
+}
+
 /// The STATUS column for `pod`, from its own `status`.
 pub fn display_status(pod: &Pod) -> String {
-    match &pod.status {
-        Some(status) => display_status_with(pod, status),
-        None => display_status_with(pod, &PodStatus::default()),
-    }
+    summary(pod).status
 }
 
 /// The STATUS column for `pod` as it would be with `status`: for a
 /// caller that has just worked out a status and not yet written it (the
 /// agent).
 pub fn display_status_with(pod: &Pod, status: &PodStatus) -> String {
+    summary_with(pod, status).status
+}
+
+/// READY, STATUS and RESTARTS for `pod`, from its own `status`.
+pub fn summary(pod: &Pod) -> Summary {
+    match &pod.status {
+        Some(status) => summary_with(pod, status),
+        None => summary_with(pod, &PodStatus::default()),
+    }
+}
+
+/// READY, STATUS and RESTARTS for `pod` with `status`, in one walk over
+/// the container statuses, as kubectl's `printPod` makes them.
+pub fn summary_with(pod: &Pod, status: &PodStatus) -> Summary {
     let spec = pod.spec.as_ref();
     let init_specs = spec
         .and_then(|s| s.init_containers.as_deref())
@@ -39,6 +67,12 @@ pub fn display_status_with(pod: &Pod, status: &PodStatus) -> String {
             .iter()
             .any(|c| c.type_ == ty && c.status == "True")
     };
+    let mut total = spec.map_or(0, |s| s.containers.len());
+    total += init_specs
+        .iter()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .count();
+    let mut ready = 0;
 
     let mut reason = status.phase.clone().unwrap_or_default();
     if let Some(r) = status.reason.as_deref().filter(|r| !r.is_empty()) {
@@ -51,12 +85,20 @@ pub fn display_status_with(pod: &Pod, status: &PodStatus) -> String {
         reason = "SchedulingGated".into();
     }
 
+    // Restarts of every init container walked, and separately of the
+    // sidecars, which alone count once initialisation is over.
+    let mut restarts = Restarts::default();
+    let mut sidecar_restarts = Restarts::default();
     let mut initializing = false;
     let inits = status
         .init_container_statuses
         .as_deref()
         .unwrap_or_default();
     for (i, c) in inits.iter().enumerate() {
+        restarts.add(c);
+        if restartable(&c.name) {
+            sidecar_restarts.add(c);
+        }
         let state = c.state.as_ref();
         let terminated = state.and_then(|s| s.terminated.as_ref());
         let waiting_reason = state
@@ -68,6 +110,9 @@ pub fn display_status_with(pod: &Pod, status: &PodStatus) -> String {
         }
         // A started sidecar runs beside the rest: initialisation goes on.
         if restartable(&c.name) && c.started == Some(true) {
+            if c.ready {
+                ready += 1;
+            }
             continue;
         }
         reason = if let Some(t) = terminated {
@@ -88,13 +133,16 @@ pub fn display_status_with(pod: &Pod, status: &PodStatus) -> String {
     }
 
     if !initializing || condition_true("Initialized") {
+        restarts = sidecar_restarts;
         let mut has_running = false;
         let statuses = status.container_statuses.as_deref().unwrap_or_default();
         for c in statuses.iter().rev() {
+            restarts.add(c);
             if let Some(r) = container_reason(c) {
                 reason = r;
             } else if c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some()) {
                 has_running = true;
+                ready += 1;
             }
         }
         // Some containers finished, one still runs: the pod runs.
@@ -115,7 +163,38 @@ pub fn display_status_with(pod: &Pod, status: &PodStatus) -> String {
             reason = "Terminating".into();
         }
     }
-    reason
+    Summary {
+        status: reason,
+        ready,
+        total,
+        restarts: restarts.count,
+        last_restart: restarts.last,
+    }
+}
+
+/// A running count of restarts and the latest time a counted container
+/// last finished.
+#[derive(Default, Clone, Copy)]
+struct Restarts {
+    count: i64,
+    last: Option<Timestamp>,
+}
+
+impl Restarts {
+    fn add(&mut self, c: &ContainerStatus) {
+        self.count += i64::from(c.restart_count);
+        let finished = c
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.finished_at.as_ref())
+            .map(|t| t.0);
+        if let Some(t) = finished {
+            if self.last.is_none_or(|l| t > l) {
+                self.last = Some(t);
+            }
+        }
+    }
 }
 
 /// What an app container that is not simply running says: its waiting
@@ -325,6 +404,35 @@ mod tests {
                 json!({"phase": "Succeeded", "containerStatuses": [terminated("a", 0, Some("Completed"), None)]})
             )),
             "Completed"
+        );
+    }
+
+    #[test]
+    fn ready_and_restarts() {
+        let spec = json!({"initContainers": [{"name": "side", "restartPolicy": "Always"}, {"name": "i"}],
+            "containers": [{"name": "a"}, {"name": "b"}]});
+        let restarted = |mut c: Value, n: i32, at: &str| {
+            c["restartCount"] = json!(n);
+            c["lastState"] = json!({"terminated": {"exitCode": 1, "finishedAt": at}});
+            c
+        };
+        let mut side = restarted(running("side", true), 2, "2024-01-01T00:00:05Z");
+        side["started"] = json!(true);
+        let p = pod(
+            spec,
+            json!({"phase": "Running",
+            "conditions": [{"type": "Initialized", "status": "True"}],
+            "initContainerStatuses": [side, restarted(terminated("i", 0, Some("Completed"), None), 4, "2024-01-01T00:00:09Z")],
+            "containerStatuses": [restarted(running("a", true), 1, "2024-01-01T00:00:07Z"), running("b", false)]}),
+        );
+        let s = summary(&p);
+        assert_eq!((s.ready, s.total), (2, 3));
+        // Once initialised, only sidecars' and app containers' restarts
+        // count: not the finished init container's four.
+        assert_eq!(s.restarts, 3);
+        assert_eq!(
+            s.last_restart,
+            Some("2024-01-01T00:00:07Z".parse().unwrap())
         );
     }
 

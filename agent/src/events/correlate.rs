@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -222,38 +222,12 @@ fn event_key(e: &Event) -> String {
     parts.join("\u{0}")
 }
 
-/// Go's `time.Duration.String()` of `d` truncated to milliseconds, as the
-/// kubelet prints durations in event messages (`1.234s`, `523ms`,
-/// `1m2.5s`).
-pub fn go_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        return "0s".into();
-    }
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let (h, rest) = (ms / 3_600_000, ms % 3_600_000);
-    let (m, rest) = (rest / 60_000, rest % 60_000);
-    let (s, frac) = (rest / 1000, rest % 1000);
-    let mut secs = s.to_string();
-    if frac > 0 {
-        let f = format!("{frac:03}");
-        secs.push('.');
-        secs.push_str(f.trim_end_matches('0'));
-    }
-    match (h, m) {
-        (0, 0) => format!("{secs}s"),
-        (0, m) => format!("{m}m{secs}s"),
-        (h, m) => format!("{h}h{m}m{secs}s"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{EventSource, ObjectReference};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::time::Duration;
 
     fn ev(obj: &str, reason: &str, message: &str, name: &str) -> Event {
         Event {
@@ -344,15 +318,5 @@ mod tests {
         assert!(l.get_mut(&"b").is_none());
         assert!(l.get_mut(&"a").is_some());
         assert!(l.get_mut(&"c").is_some());
-    }
-
-    #[test]
-    fn durations_print_like_go() {
-        assert_eq!(go_duration(Duration::ZERO), "0s");
-        assert_eq!(go_duration(Duration::from_micros(523_900)), "523ms");
-        assert_eq!(go_duration(Duration::from_millis(1200)), "1.2s");
-        assert_eq!(go_duration(Duration::from_millis(1234)), "1.234s");
-        assert_eq!(go_duration(Duration::from_millis(62_500)), "1m2.5s");
-        assert_eq!(go_duration(Duration::from_secs(3600)), "1h0m0s");
     }
 }

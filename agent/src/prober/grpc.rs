@@ -17,7 +17,7 @@ use super::Verdict;
 pub async fn probe(host: &str, port: u16, service: &str, timeout: Duration) -> Verdict {
     let started = Instant::now();
     let addr = super::port::join_host_port(host, port);
-    let go_timeout = crate::events::go_duration(timeout);
+    let go_timeout = kube_util::duration::format_go_millis(timeout);
     let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
         Ok(e) => e,
         Err(e) => {

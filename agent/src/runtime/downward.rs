@@ -5,6 +5,7 @@
 //! volumes do not depend on container configuration.
 
 use k8s_openapi::api::core::v1::Container;
+use kube_util::quantity;
 
 use super::resources::{self, Which};
 
@@ -30,15 +31,22 @@ pub fn resource_field_ref(
         "requests" => Which::Request,
         _ => return Err(Error::Unsupported(resource.to_string())),
     };
-    let value = resources::get(c, which, name).and_then(|q| resources::parse_quantity(&q));
-    let divisor = divisor
-        .and_then(resources::parse_quantity)
-        .filter(|d| *d > 0.0)
-        .unwrap_or(1.0);
+    // Exact milli-units for both, so `1Mi` divides `64Mi` to exactly 64
+    // (upstream: ceil(value / divisor) on the Quantity's integers).
+    let milli = |q: &str| quantity::scaled(q, -3).ok();
+    let value = resources::get(c, which, name).and_then(|q| milli(&q));
+    let divisor = divisor.and_then(milli).filter(|d| *d > 0).unwrap_or(1000);
     // Unset limits read as node allocatable upstream; 0 is the honest
     // answer until the node's capacity is wired in.
-    Ok(value
-        .map(|v| (v / divisor).ceil() as i64)
-        .unwrap_or(0)
-        .to_string())
+    Ok(value.map(|v| div_ceil(v, divisor)).unwrap_or(0).to_string())
+}
+
+/// `v / d` rounded towards positive infinity (d > 0).
+fn div_ceil(v: i128, d: i128) -> i128 {
+    let q = v / d;
+    if v % d > 0 {
+        q + 1
+    } else {
+        q
+    }
 }

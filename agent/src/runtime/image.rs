@@ -135,7 +135,7 @@ impl ImagePuller {
                     .and_then(|r| r.image)
                     .map_or(0, |i| i.size);
                 // No pull queue here: the wait is the pull itself.
-                let took = crate::events::go_duration(took);
+                let took = kube_util::duration::format_go_millis(took);
                 let msg = format!(
                     "Successfully pulled image \"{image}\" in {took} ({took} including waiting). Image size: {size} bytes."
                 );

@@ -1,53 +1,25 @@
 //! Kubernetes quantities to the Linux numbers CRI wants, with the
-//! kubelet's formulas (`MilliCPUToShares`, `MilliCPUToQuota`).
+//! kubelet's formulas (`MilliCPUToShares`, `MilliCPUToQuota`). Parsing is
+//! kube-util's exact integer quantities, as the scheduler's.
 
 use k8s_openapi::api::core::v1::Container;
+use kube_util::quantity;
 
 pub const CPU_PERIOD_US: i64 = 100_000;
 const MIN_SHARES: i64 = 2;
 const MAX_SHARES: i64 = 262_144;
 const MIN_QUOTA_US: i64 = 1_000;
 
-/// A quantity as a float: `1.5`, `100m`, `2Gi`, `1e3`, `5M`.
-pub fn parse_quantity(s: &str) -> Option<f64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let value: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse().ok()?),
-        _ => return None,
-    };
-    let v = value * mult;
-    (v.is_finite() && v >= 0.0).then_some(v)
-}
-
-/// CPU in millicores, rounded up as the apiserver does.
+/// CPU in millicores, rounded up as the apiserver does; `None` for text
+/// that is not a quantity or is negative.
 pub fn parse_cpu_millis(s: &str) -> Option<i64> {
-    parse_quantity(s).map(|v| (v * 1000.0).ceil() as i64)
+    quantity::milli_value(s).ok().filter(|v| *v >= 0)
 }
 
-/// Bytes, rounded up.
+/// Bytes, rounded up; `None` for text that is not a quantity or is
+/// negative.
 pub fn parse_bytes(s: &str) -> Option<i64> {
-    parse_quantity(s).map(|v| v.ceil() as i64)
+    quantity::value(s).ok().filter(|v| *v >= 0)
 }
 
 /// A container's request or limit for one resource. Requests default to

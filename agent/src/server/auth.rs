@@ -43,21 +43,7 @@ impl Identity {
 
 /// The identity in a client certificate (DER) that TLS already verified.
 pub fn identity_from_cert(der: &[u8]) -> Option<Identity> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let user = subject
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
-    if user.is_empty() {
-        return None;
-    }
-    let mut groups: Vec<String> = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(String::from))
-        .collect();
+    let (user, mut groups) = skiff_bootstrap::identity::from_cert(der)?;
     groups.push("system:authenticated".into());
     Some(Identity { user, groups })
 }

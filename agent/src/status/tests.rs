@@ -1,5 +1,6 @@
 use super::*;
 use crate::runtime::state::SandboxInfo;
+use kube_util::podstatus::display_status_with;
 
 const SEC: i64 = 1_000_000_000;
 
@@ -73,7 +74,7 @@ fn running_pod_is_ready() {
     assert_eq!(cs.container_id.as_deref(), Some("containerd://a0"));
     assert_eq!(cs.image_id, "sha256:abc");
     assert_eq!(s.qos_class.as_deref(), Some("BestEffort"));
-    assert_eq!(display_status(&p, &s), "Running");
+    assert_eq!(display_status_with(&p, &s), "Running");
 }
 
 #[test]
@@ -102,7 +103,7 @@ fn crash_loop_shows_waiting_and_last_state() {
         cond(&s, "Ready").reason.as_deref(),
         Some("ContainersNotReady")
     );
-    assert_eq!(display_status(&p, &s), "CrashLoopBackOff");
+    assert_eq!(display_status_with(&p, &s), "CrashLoopBackOff");
 }
 
 #[test]
@@ -121,7 +122,7 @@ fn terminal_phases() {
     );
     assert_eq!(s.phase.as_deref(), Some("Succeeded"));
     assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
-    assert_eq!(display_status(&never, &s), "Completed");
+    assert_eq!(display_status_with(&never, &s), "Completed");
     // kubectl reports the first container's reason.
     let s = run(
         &never,
@@ -135,7 +136,7 @@ fn terminal_phases() {
         &HashMap::new(),
     );
     assert_eq!(s.phase.as_deref(), Some("Failed"));
-    assert_eq!(display_status(&never, &s), "Error");
+    assert_eq!(display_status_with(&never, &s), "Error");
 }
 
 #[test]
@@ -160,7 +161,7 @@ fn initializing_pod_is_pending() {
             .as_deref(),
         Some("PodInitializing")
     );
-    assert_eq!(display_status(&p, &s), "Init:0/1");
+    assert_eq!(display_status_with(&p, &s), "Init:0/1");
 }
 
 #[test]
@@ -175,14 +176,7 @@ fn image_pull_error_is_pending() {
     )]);
     let s = run(&p, &rt(vec![], true), &waiting);
     assert_eq!(s.phase.as_deref(), Some("Pending"));
-    assert_eq!(display_status(&p, &s), "ImagePullBackOff");
-}
-
-#[test]
-fn go_durations() {
-    assert_eq!(fmt_duration(Duration::from_secs(10)), "10s");
-    assert_eq!(fmt_duration(Duration::from_secs(80)), "1m20s");
-    assert_eq!(fmt_duration(Duration::from_secs(300)), "5m0s");
+    assert_eq!(display_status_with(&p, &s), "ImagePullBackOff");
 }
 
 #[test]

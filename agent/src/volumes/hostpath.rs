@@ -6,23 +6,29 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 
+use super::Error;
+
 /// Check (or create) `path` for hostPath type `type_`. `""` (unset)
 /// checks nothing.
 ///
 /// # Errors
 /// Upstream's messages: `hostPath type check failed: PATH is not a directory`
 /// and so on; an unknown type; a failed create.
-pub fn check(path: &Path, type_: &str) -> Result<(), String> {
-    let p = path.display();
+pub fn check(path: &Path, type_: &str) -> Result<(), Error> {
     let meta = fs::metadata(path).ok();
     let ft = meta.as_ref().map(|m| m.file_type());
-    let fail = |what: &str| Err(format!("hostPath type check failed: {p} is not {what}"));
+    let fail = |what: &'static str| {
+        Err(Error::HostPathType {
+            path: path.to_path_buf(),
+            what,
+        })
+    };
     match type_ {
         "" => Ok(()),
         "DirectoryOrCreate" if meta.is_none() => {
-            fs::create_dir_all(path).map_err(|e| format!("creating hostPath {p}: {e}"))?;
+            fs::create_dir_all(path).map_err(Error::io("creating hostPath", path))?;
             fs::set_permissions(path, fs::Permissions::from_mode(0o755))
-                .map_err(|e| format!("chmod hostPath {p}: {e}"))
+                .map_err(Error::io("chmod hostPath", path))
         }
         "DirectoryOrCreate" | "Directory" => match ft {
             Some(t) if t.is_dir() => Ok(()),
@@ -33,7 +39,7 @@ pub fn check(path: &Path, type_: &str) -> Result<(), String> {
             .append(true)
             .open(path)
             .map(drop)
-            .map_err(|e| format!("creating hostPath {p}: {e}")),
+            .map_err(Error::io("creating hostPath", path)),
         "FileOrCreate" | "File" => match ft {
             Some(t) if t.is_file() => Ok(()),
             _ => fail("a file"),
@@ -50,9 +56,7 @@ pub fn check(path: &Path, type_: &str) -> Result<(), String> {
             Some(t) if t.is_block_device() => Ok(()),
             _ => fail("a block device"),
         },
-        other => Err(format!(
-            "hostPath type check failed: unknown type {other:?}"
-        )),
+        other => Err(Error::HostPathUnknownType(other.to_string())),
     }
 }
 
@@ -70,20 +74,25 @@ mod tests {
         assert!(check(&file, "File").is_ok());
         assert!(check(&dir.join("nope"), "").is_ok());
         assert_eq!(
-            check(&file, "Directory").unwrap_err(),
+            check(&file, "Directory").unwrap_err().to_string(),
             format!(
                 "hostPath type check failed: {} is not a directory",
                 file.display()
             )
         );
-        assert!(check(dir, "File").unwrap_err().ends_with("is not a file"));
+        assert!(check(dir, "File")
+            .unwrap_err()
+            .to_string()
+            .ends_with("is not a file"));
         assert!(check(&dir.join("nope"), "Directory").is_err());
         assert!(check(&file, "Socket")
             .unwrap_err()
+            .to_string()
             .ends_with("is not a socket file"));
         assert!(check(Path::new("/dev/null"), "CharDevice").is_ok());
         assert!(check(&file, "BlockDevice")
             .unwrap_err()
+            .to_string()
             .ends_with("is not a block device"));
         assert!(check(&file, "Weird").is_err());
 

@@ -8,6 +8,7 @@
 //! - [`objects`]: configMaps and secrets from the API, TTL-cached.
 //! - [`hostpath`]: hostPath type checks.
 //! - [`mounts`]: tmpfs mounts and their (never wedging) removal.
+//! - [`error`]: why a volume failed, in its event's words.
 //!
 //! On disk a volume lives at `<root>/pods/<uid>/volumes/<plugin>/<name>`
 //! with upstream's plugin names (`kubernetes.io~empty-dir`, `~configmap`,
@@ -16,6 +17,7 @@
 //! volumes are tmpfs mounts, so their data never reaches the disk.
 
 pub mod atomic;
+mod error;
 pub mod hostpath;
 pub mod mounts;
 pub mod objects;
@@ -34,6 +36,8 @@ use self::atomic::Payload;
 use self::objects::{Kind, ObjectSource};
 use crate::pod::PodExt;
 use crate::runtime::resources::{self, Which};
+
+pub use self::error::Error;
 
 /// How soon a pod waiting for a volume, or a container for an object its
 /// env names, tries again (the object may appear at any moment).
@@ -106,7 +110,7 @@ pub struct Teardown {
     pub detached: Vec<PathBuf>,
     /// Mounts that could not be removed at all; the directory stays for
     /// the orphan sweep to retry.
-    pub failed: Option<String>,
+    pub failed: Option<Error>,
 }
 
 /// One volume's set-up, decided (with API reads) before the blocking work.
@@ -123,7 +127,7 @@ enum Work {
         payload: Payload,
         gid: Option<u32>,
     },
-    Fail(String),
+    Fail(Error),
 }
 
 pub struct VolumeManager {
@@ -194,8 +198,7 @@ impl VolumeManager {
         let mut planned = Vec::new();
         for v in volumes(pod) {
             let Some(hv) = self.host_volume(&uid, v) else {
-                let msg = "volume type is not supported by skiff-agent (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)";
-                planned.push((v.name.clone(), None, Work::Fail(msg.into())));
+                planned.push((v.name.clone(), None, Work::Fail(Error::Unsupported)));
                 continue;
             };
             let work = self.plan(pod, v).await;
@@ -228,7 +231,8 @@ impl VolumeManager {
                 Ok(()) => {
                     reported.remove(&key);
                 }
-                Err(message) => {
+                Err(e) => {
+                    let message = e.to_string();
                     let now = Instant::now();
                     let report = match reported.get(&key) {
                         Some((m, at)) => *m != message || now.duration_since(*at) >= REPORT_EVERY,
@@ -310,7 +314,7 @@ impl VolumeManager {
         } else if let Some(p) = &v.projected {
             self.projected(pod, p).await.map(|p| (true, p))
         } else {
-            Err("volume type is not supported".into())
+            Err(Error::Unsupported)
         };
         match result {
             Ok((tmpfs, mut payload)) => {
@@ -336,7 +340,7 @@ impl VolumeManager {
         &self,
         pod: &Pod,
         p: &k8s_openapi::api::core::v1::ProjectedVolumeSource,
-    ) -> Result<Payload, String> {
+    ) -> Result<Payload, Error> {
         let mut out = Payload::new();
         for s in p.sources.iter().flatten() {
             let part = if let Some(c) = &s.config_map {
@@ -381,17 +385,17 @@ impl VolumeManager {
         kind: Kind,
         name: &str,
         optional: bool,
-    ) -> Result<Option<Arc<objects::Data>>, String> {
+    ) -> Result<Option<Arc<objects::Data>>, Error> {
         let Some(src) = &self.objects else {
-            return Err(format!(
-                "{} {name:?} cannot be read: this node has no API server connection",
-                kind.noun()
-            ));
+            return Err(Error::NoApi {
+                noun: kind.noun(),
+                name: name.to_string(),
+            });
         };
         match src.get(kind, pod.namespace(), name).await {
             Ok(d) => Ok(Some(d)),
             Err(e) if e.is_not_found() && optional => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -461,24 +465,24 @@ fn remove_volumes_dir(dir: &Path) -> Teardown {
         }
     }
     if !mounts::mounts_under(dir).is_empty() {
-        t.failed = Some(format!("mounts remain under {}", dir.display()));
+        t.failed = Some(Error::MountsRemain(dir.to_path_buf()));
         return t;
     }
     match fs::remove_dir_all(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => t.failed = Some(format!("removing {}: {e}", dir.display())),
+        Err(e) => t.failed = Some(Error::io("removing", dir)(e)),
     }
     t
 }
 
 /// Blocking: carry out one volume's set-up at `path`.
-fn execute(path: &Path, work: Work) -> Result<(), String> {
-    let mkdir = |mode: u32| -> Result<(), String> {
+fn execute(path: &Path, work: Work) -> Result<(), Error> {
+    let mkdir = |mode: u32| -> Result<(), Error> {
         if !path.is_dir() {
-            fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+            fs::create_dir_all(path).map_err(Error::io("creating", path))?;
             fs::set_permissions(path, fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+                .map_err(Error::io("chmod", path))?;
         }
         Ok(())
     };
@@ -499,12 +503,11 @@ fn execute(path: &Path, work: Work) -> Result<(), String> {
             let mut mode = 0o777;
             if gid.is_some() {
                 // fsGroup: the group owns it, and new files inherit it.
-                std::os::unix::fs::chown(path, None, gid)
-                    .map_err(|e| format!("chown {}: {e}", path.display()))?;
+                std::os::unix::fs::chown(path, None, gid).map_err(Error::io("chown", path))?;
                 mode |= 0o2000;
             }
             fs::set_permissions(path, fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("chmod {}: {e}", path.display()))
+                .map_err(Error::io("chmod", path))
         }
         Work::Files {
             tmpfs,
@@ -515,9 +518,7 @@ fn execute(path: &Path, work: Work) -> Result<(), String> {
             if tmpfs {
                 mounts::ensure_tmpfs(path, None)?;
             }
-            atomic::write(path, &payload, gid)
-                .map(drop)
-                .map_err(|e| e.to_string())
+            Ok(atomic::write(path, &payload, gid).map(drop)?)
         }
     }
 }

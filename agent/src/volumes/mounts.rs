@@ -8,6 +8,8 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
+use super::Error;
+
 /// How often a busy mount is retried before it is detached lazily.
 const BUSY_RETRIES: u32 = 5;
 const BUSY_WAIT: Duration = Duration::from_millis(200);
@@ -53,7 +55,7 @@ fn unescape(s: &str) -> String {
 ///
 /// # Errors
 /// The mount(2) failure, as text for the volume's event.
-pub fn ensure_tmpfs(path: &Path, size: Option<u64>) -> Result<(), String> {
+pub fn ensure_tmpfs(path: &Path, size: Option<u64>) -> Result<(), Error> {
     if is_mount_point(path) {
         return Ok(());
     }
@@ -65,7 +67,7 @@ pub fn ensure_tmpfs(path: &Path, size: Option<u64>) -> Result<(), String> {
         MsFlags::empty(),
         data.as_deref(),
     )
-    .map_err(|e| format!("mount tmpfs on {}: {e}", path.display()))
+    .map_err(Error::mount("mount tmpfs on", path))
 }
 
 /// Unmount everything at or under `prefix`, deepest first. A busy mount is
@@ -75,7 +77,7 @@ pub fn ensure_tmpfs(path: &Path, size: Option<u64>) -> Result<(), String> {
 ///
 /// # Errors
 /// A mount that could not be removed even lazily.
-pub fn unmount_all(prefix: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn unmount_all(prefix: &Path) -> Result<Vec<PathBuf>, Error> {
     let mut points = mounts_under(prefix);
     // Deepest first; a path mounted twice is unmounted twice.
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
@@ -94,11 +96,11 @@ pub fn unmount_all(prefix: &Path) -> Result<Vec<PathBuf>, String> {
                 }
                 Err(Errno::EBUSY) => {
                     umount2(&p, MntFlags::MNT_DETACH)
-                        .map_err(|e| format!("detaching busy mount {}: {e}", p.display()))?;
+                        .map_err(Error::mount("detaching busy mount", &p))?;
                     detached.push(p.clone());
                     break;
                 }
-                Err(e) => return Err(format!("unmounting {}: {e}", p.display())),
+                Err(e) => return Err(Error::mount("unmounting", &p)(e)),
             }
         }
     }

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod};
 
 use super::atomic::{FileProjection, Payload};
 use super::objects::{Data, Kind};
+use super::Error;
 use crate::pod::PodExt;
 
 /// The default mode of every API-data volume's files (upstream's
@@ -25,7 +26,7 @@ pub fn keys(
     items: Option<&[KeyToPath]>,
     default_mode: Option<i32>,
     optional: bool,
-) -> Result<Payload, String> {
+) -> Result<Payload, Error> {
     let mode = mode_bits(default_mode.unwrap_or(DEFAULT_MODE));
     let mut out = Payload::new();
     let Some(data) = data else {
@@ -50,12 +51,8 @@ pub fn keys(
                         continue;
                     }
                     return Err(match kind {
-                        Kind::ConfigMap => {
-                            format!("configmap references non-existent config key: {}", it.key)
-                        }
-                        Kind::Secret => {
-                            format!("references non-existent secret key: {}", it.key)
-                        }
+                        Kind::ConfigMap => Error::ConfigMapKey(it.key.clone()),
+                        Kind::Secret => Error::SecretKey(it.key.clone()),
                     });
                 };
                 out.insert(
@@ -79,7 +76,7 @@ pub fn downward(
     pod: &Pod,
     items: &[DownwardAPIVolumeFile],
     default_mode: Option<i32>,
-) -> Result<Payload, String> {
+) -> Result<Payload, Error> {
     let mode = mode_bits(default_mode.unwrap_or(DEFAULT_MODE));
     let mut out = Payload::new();
     for it in items {
@@ -92,15 +89,12 @@ pub fn downward(
                 .iter()
                 .chain(pod.init_containers())
                 .find(|c| c.name == name)
-                .ok_or_else(|| {
-                    format!("container {name:?} not found in pod for resourceFieldRef")
-                })?;
+                .ok_or_else(|| Error::NoContainer(name.to_string()))?;
             crate::runtime::downward::resource_field_ref(
                 c,
                 &r.resource,
                 r.divisor.as_ref().map(|d| d.0.as_str()),
-            )
-            .map_err(|e| e.to_string())?
+            )?
         } else {
             String::new()
         };
@@ -116,7 +110,7 @@ pub fn downward(
 }
 
 /// A downwardAPI volume field: metadata only (status fields are env-only).
-fn field(pod: &Pod, path: &str) -> Result<String, String> {
+fn field(pod: &Pod, path: &str) -> Result<String, Error> {
     let m = &pod.metadata;
     let empty = BTreeMap::new();
     let labels = m.labels.as_ref().unwrap_or(&empty);
@@ -134,7 +128,7 @@ fn field(pod: &Pod, path: &str) -> Result<String, String> {
         "metadata.annotations" => format_map(annotations),
         p => one("metadata.labels", labels)
             .or_else(|| one("metadata.annotations", annotations))
-            .ok_or_else(|| format!("unsupported fieldRef {p:?} in downwardAPI volume"))?,
+            .ok_or_else(|| Error::FieldRef(p.to_string()))?,
     })
 }
 
@@ -201,9 +195,12 @@ mod tests {
     fn missing_keys_and_objects() {
         let items = [item("zz", "z", None)];
         let e = keys(Kind::ConfigMap, Some(&data()), Some(&items), None, false).unwrap_err();
-        assert_eq!(e, "configmap references non-existent config key: zz");
+        assert_eq!(
+            e.to_string(),
+            "configmap references non-existent config key: zz"
+        );
         let e = keys(Kind::Secret, Some(&data()), Some(&items), None, false).unwrap_err();
-        assert_eq!(e, "references non-existent secret key: zz");
+        assert_eq!(e.to_string(), "references non-existent secret key: zz");
         assert!(keys(Kind::Secret, Some(&data()), Some(&items), None, true)
             .unwrap()
             .is_empty());

@@ -58,18 +58,7 @@ impl Identity {
 
 /// Identity of a verified client certificate (DER).
 pub fn identity_from_cert(der: &[u8]) -> Option<Identity> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let user = subject
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(String::from))
-        .collect();
+    let (user, groups) = skiff_bootstrap::identity::from_cert(der)?;
     Some(Identity::new(user, groups))
 }
 

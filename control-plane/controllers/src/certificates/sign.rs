@@ -79,25 +79,14 @@ pub fn validate(req: &CertificateSigningRequest) -> Result<(), SignError> {
     let res = match req.spec.signer_name.as_str() {
         names::SIGNER_KUBELET_CLIENT => csr::node_client(&parsed, &usages).map(drop),
         names::SIGNER_KUBELET_SERVING => csr::node_serving(&parsed, &usages).map(drop),
-        names::SIGNER_API_CLIENT => {
-            let allowed = [
-                csr::USAGE_DIGITAL_SIGNATURE,
-                csr::USAGE_KEY_ENCIPHERMENT,
-                csr::USAGE_CLIENT_AUTH,
-            ];
-            if !usages.iter().any(|u| u == csr::USAGE_CLIENT_AUTH) {
-                Err("usages must include \"client auth\"".to_string())
-            } else if let Some(u) = usages.iter().find(|u| !allowed.contains(&u.as_str())) {
-                Err(format!(
-                    "usage {u:?} is not allowed for client certificates"
-                ))
-            } else {
-                Ok(())
-            }
+        names::SIGNER_API_CLIENT => csr::client_usages(&usages),
+        other => {
+            return Err(SignError::Invalid(format!(
+                "signer {other:?} is not handled here"
+            )))
         }
-        other => Err(format!("signer {other:?} is not handled here")),
     };
-    res.map_err(SignError::Invalid)
+    res.map_err(|e| SignError::Invalid(e.to_string()))
 }
 
 /// How long the certificate for `req` lasts.

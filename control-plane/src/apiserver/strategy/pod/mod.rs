@@ -160,33 +160,9 @@ fn grace_period(pod: &Value, asked: Option<i64>) -> i64 {
     g.max(0)
 }
 
-/// The pod's QoS class, computed from requests and limits as upstream does.
-fn qos_class(pod: &Value) -> &'static str {
-    let cs: Vec<&Value> = ["containers", "initContainers"]
-        .iter()
-        .flat_map(|f| pod["spec"][*f].as_array().into_iter().flatten())
-        .collect();
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in &cs {
-        let req = c["resources"]["requests"].as_object();
-        let lim = c["resources"]["limits"].as_object();
-        if req.is_some_and(|m| !m.is_empty()) || lim.is_some_and(|m| !m.is_empty()) {
-            any = true;
-        }
-        for res in ["cpu", "memory"] {
-            let l = lim.and_then(|m| m.get(res));
-            let q = req.and_then(|m| m.get(res)).or(l);
-            if l.is_none() || q != l {
-                guaranteed = false;
-            }
-        }
-    }
-    if !any {
-        "BestEffort"
-    } else if guaranteed {
-        "Guaranteed"
-    } else {
-        "Burstable"
-    }
+/// The pod's QoS class, kube-util's as the agent's; a pod that does not
+/// read as one is refused by validation after this.
+fn qos_class(obj: &Value) -> &'static str {
+    serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(obj.clone())
+        .map_or("BestEffort", |p| kube_util::qos::qos_class(&p).as_str())
 }
