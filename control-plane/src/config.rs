@@ -77,6 +77,17 @@ pub struct Settings {
     /// kube-apiserver's `EncryptionConfiguration` file: encrypt the listed
     /// resources (Secrets) in the store.
     pub encryption_provider_config: Option<PathBuf>,
+    /// kube-apiserver's audit `Policy` (`audit.k8s.io/v1`): which requests
+    /// are logged, at which level.
+    pub audit_policy_file: Option<PathBuf>,
+    /// Where audit events go, one JSON line each; `-` is stdout.
+    pub audit_log_path: Option<String>,
+    /// Days a rotated audit log is kept (`0` forever).
+    pub audit_log_maxage: Option<u64>,
+    /// Rotated audit logs kept (`0` all).
+    pub audit_log_maxbackup: Option<usize>,
+    /// Megabytes before the audit log rotates (`0`: 100, upstream's).
+    pub audit_log_maxsize: Option<u64>,
 }
 
 impl Settings {
@@ -128,6 +139,11 @@ impl Settings {
             encryption_provider_config: self
                 .encryption_provider_config
                 .or(other.encryption_provider_config),
+            audit_policy_file: self.audit_policy_file.or(other.audit_policy_file),
+            audit_log_path: self.audit_log_path.or(other.audit_log_path),
+            audit_log_maxage: self.audit_log_maxage.or(other.audit_log_maxage),
+            audit_log_maxbackup: self.audit_log_maxbackup.or(other.audit_log_maxbackup),
+            audit_log_maxsize: self.audit_log_maxsize.or(other.audit_log_maxsize),
         }
     }
 
@@ -185,6 +201,8 @@ pub struct Config {
     /// Encrypt resources at rest as this file says (checked when the
     /// server starts); `None`: everything is stored as plaintext.
     pub encryption_provider_config: Option<PathBuf>,
+    /// The audit log (policy checked when the server starts); `None`: off.
+    pub audit: Option<crate::apiserver::audit::Options>,
 }
 
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/skiff-server";
@@ -201,6 +219,7 @@ impl Config {
             Some(f) => flags.or(Settings::from_file(f)?),
             None => flags,
         };
+        let audit = audit_options(&s)?;
         let bind = s.bind_address.unwrap_or_else(|| "127.0.0.1".into());
         let bind_address = bind.parse().map_err(|_| Error::Invalid {
             field: "bind-address",
@@ -250,6 +269,7 @@ impl Config {
             });
         }
         Ok(Config {
+            audit,
             node_monitor_period: duration("node-monitor-period", s.node_monitor_period, 5)?,
             node_monitor_grace_period: duration(
                 "node-monitor-grace-period",
@@ -295,6 +315,75 @@ impl Config {
             extra_sans: s.tls_san.unwrap_or_default(),
             encryption_provider_config: s.encryption_provider_config,
         })
+    }
+}
+
+/// The audit flags together: a policy and a log path, or neither; the
+/// rotation flags only with a file to rotate.
+fn audit_options(s: &Settings) -> Result<Option<crate::apiserver::audit::Options>, Error> {
+    use crate::apiserver::audit::{rotate, Destination, Options};
+    let rotation = [
+        (
+            "audit-log-maxage",
+            s.audit_log_maxage.map(|v| v.to_string()),
+        ),
+        (
+            "audit-log-maxbackup",
+            s.audit_log_maxbackup.map(|v| v.to_string()),
+        ),
+        (
+            "audit-log-maxsize",
+            s.audit_log_maxsize.map(|v| v.to_string()),
+        ),
+    ];
+    let rotation_set = rotation
+        .iter()
+        .find_map(|(f, v)| v.clone().map(|v| (*f, v)));
+    match (&s.audit_policy_file, &s.audit_log_path) {
+        (None, None) => match rotation_set {
+            None => Ok(None),
+            Some((field, value)) => Err(Error::Invalid {
+                field,
+                value,
+                why: "rotates the audit log: set audit-log-path (and audit-policy-file) too".into(),
+            }),
+        },
+        (Some(p), None) => Err(Error::Invalid {
+            field: "audit-policy-file",
+            value: p.display().to_string(),
+            why: "no audit-log-path: set where the events go (a file, or - for stdout)".into(),
+        }),
+        (None, Some(l)) => Err(Error::Invalid {
+            field: "audit-log-path",
+            value: l.clone(),
+            why: "no audit-policy-file: without a policy nothing is logged".into(),
+        }),
+        (Some(_), Some(l)) if l.is_empty() => Err(Error::Invalid {
+            field: "audit-log-path",
+            value: l.clone(),
+            why: "empty: name a file, or - for stdout".into(),
+        }),
+        (Some(p), Some(l)) if l == "-" => match rotation_set {
+            Some((field, value)) => Err(Error::Invalid {
+                field,
+                value,
+                why: "the audit log goes to stdout (audit-log-path -), which does not rotate"
+                    .into(),
+            }),
+            None => Ok(Some(Options {
+                policy_file: p.clone(),
+                log: Destination::Stdout,
+            })),
+        },
+        (Some(p), Some(l)) => Ok(Some(Options {
+            policy_file: p.clone(),
+            log: Destination::File(rotate::Options {
+                path: PathBuf::from(l),
+                max_size_mb: s.audit_log_maxsize.unwrap_or(0),
+                max_backups: s.audit_log_maxbackup.unwrap_or(0),
+                max_age_days: s.audit_log_maxage.unwrap_or(0),
+            }),
+        })),
     }
 }
 
@@ -350,6 +439,62 @@ mod tests {
         std::fs::write(&f, "node-monitor-period: soon\n").unwrap();
         let e = Config::resolve(Settings::default(), Some(&f)).unwrap_err();
         assert!(e.to_string().contains("node-monitor-period"), "{e}");
+    }
+
+    #[test]
+    fn audit_flags_go_together() {
+        use crate::apiserver::audit::{rotate, Destination};
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.yaml");
+        std::fs::write(
+            &f,
+            "audit-policy-file: /etc/skiff/audit.yaml\naudit-log-path: /var/log/audit.log\n\
+             audit-log-maxsize: 10\naudit-log-maxbackup: 3\n",
+        )
+        .unwrap();
+        let flags = Settings {
+            audit_log_maxage: Some(7),
+            ..Default::default()
+        };
+        let c = Config::resolve(flags, Some(&f)).unwrap();
+        let a = c.audit.unwrap();
+        assert_eq!(a.policy_file, PathBuf::from("/etc/skiff/audit.yaml"));
+        assert_eq!(
+            a.log,
+            Destination::File(rotate::Options {
+                path: "/var/log/audit.log".into(),
+                max_size_mb: 10,
+                max_backups: 3,
+                max_age_days: 7,
+            })
+        );
+        let refused = |s: Settings| Config::resolve(s, None).unwrap_err().to_string();
+        let e = refused(Settings {
+            audit_log_path: Some("/x.log".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("audit-policy-file"), "{e}");
+        let e = refused(Settings {
+            audit_policy_file: Some("/p.yaml".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("audit-log-path"), "{e}");
+        let e = refused(Settings {
+            audit_log_maxbackup: Some(2),
+            ..Default::default()
+        });
+        assert!(e.contains("audit-log-maxbackup"), "{e}");
+        let e = refused(Settings {
+            audit_policy_file: Some("/p.yaml".into()),
+            audit_log_path: Some("-".into()),
+            audit_log_maxsize: Some(1),
+            ..Default::default()
+        });
+        assert!(e.contains("stdout"), "{e}");
+        assert!(Config::resolve(Settings::default(), None)
+            .unwrap()
+            .audit
+            .is_none());
     }
 
     #[test]

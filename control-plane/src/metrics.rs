@@ -122,6 +122,13 @@ pub struct Metrics {
     watchers: Gauge,
     /// `skiff_store_operation_duration_seconds`.
     store_ops: Histograms<StoreLabels>,
+    /// `apiserver_audit_event_total`, `apiserver_audit_error_total`.
+    audit: crate::apiserver::audit::Counters,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginLabels {
+    plugin: &'static str,
 }
 
 impl Default for Metrics {
@@ -153,12 +160,32 @@ impl Default for Metrics {
             "Latency of store operations by backend and operation",
             store_ops.clone(),
         );
+        // Upstream labels the errors by backend; the log is the only one.
+        // A counter's clones share its value.
+        let audit_errors = Family::<PluginLabels, Counter>::default();
+        let audit = crate::apiserver::audit::Counters {
+            events: Counter::default(),
+            errors: audit_errors
+                .get_or_create(&PluginLabels { plugin: "log" })
+                .clone(),
+        };
+        registry.register(
+            "apiserver_audit_event",
+            "Counter of audit events generated and sent to the audit backend",
+            audit.events.clone(),
+        );
+        registry.register(
+            "apiserver_audit_error",
+            "Counter of audit events that failed to be audited properly",
+            audit_errors,
+        );
         Metrics {
             registry,
             request_duration,
             requests,
             watchers,
             store_ops,
+            audit,
         }
     }
 }
@@ -200,6 +227,11 @@ impl Metrics {
         self.store_ops
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// The audit log's counters (shared with this registry).
+    pub fn audit(&self) -> crate::apiserver::audit::Counters {
+        self.audit.clone()
     }
 
     pub fn watcher(&self) -> WatcherGuard<'_> {

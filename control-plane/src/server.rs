@@ -39,6 +39,10 @@ pub enum Error {
     /// `--encryption-provider-config` is unreadable or refused.
     #[error("{0}")]
     Encryption(#[from] store::encryption::Error),
+    /// `--audit-policy-file` is unreadable or refused, or the audit log
+    /// cannot be opened.
+    #[error("{0}")]
+    Audit(#[from] crate::apiserver::audit::Error),
     #[error("bootstrapping the API: {0}")]
     Bootstrap(#[from] ApiError),
     #[error("creating {path}: {source}")]
@@ -68,10 +72,11 @@ pub struct ServerHandle {
 
 impl ServerHandle {
     /// Stop accepting, end watches, let in-flight requests finish (up to
-    /// 5 s), then return.
+    /// 5 s), write out the audit log, then return.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
+        self.api.audit.flush().await;
         if let Some(c) = self.compactor {
             let _ = c.await;
         }
@@ -148,8 +153,11 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         path: cfg.data_dir.display().to_string(),
         source,
     })?;
-    // A bad encryption config refuses to start before anything listens.
+    // A bad encryption config or audit policy refuses to start before
+    // anything listens.
     let store = encrypted(cfg, store)?;
+    let metrics = Arc::new(Metrics::default());
+    let audit = crate::apiserver::audit::Auditor::start(cfg.audit.as_ref(), metrics.audit())?;
     let pki = Pki::load_or_create(&cfg.data_dir)?;
     let addr = SocketAddr::new(cfg.bind_address, cfg.secure_port);
     let listener = TcpListener::bind(addr)
@@ -178,7 +186,6 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         Some(p) => Authenticator::from_token_file(p)?,
         None => Authenticator::default(),
     };
-    let metrics = Arc::new(Metrics::default());
     let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let api = ApiServer::new(
@@ -196,6 +203,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
                 cfg.max_mutating_requests_inflight,
                 cfg.request_timeout,
             ),
+            audit,
         },
         authn,
         metrics,

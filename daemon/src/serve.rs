@@ -6,6 +6,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +27,15 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long open connections get to finish once the server stops.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// The address of the connection a request came on, in the request's
+/// extensions (the API server's audit log lists it in `sourceIPs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteAddr(pub SocketAddr);
+
 /// Accept on `listener` until `shutdown` resolves, each connection within
 /// `limits`, its requests answered by the handler `make` returns for its
-/// client certificate (DER; `None` for anonymous callers). Open
+/// client certificate (DER; `None` for anonymous callers), each request
+/// carrying its connection's [`RemoteAddr`] in its extensions. Open
 /// connections, streams included, then get a few seconds.
 pub async fn serve<M, H, F, B>(
     listener: TcpListener,
@@ -66,6 +73,10 @@ pub async fn serve<M, H, F, B>(
                             return;
                         };
                         let handler = make(client_cert(&tls));
+                        let handler = move |mut req: Request<Incoming>| {
+                            req.extensions_mut().insert(RemoteAddr(peer));
+                            handler(req)
+                        };
                         connection(tls, handler, stop).await;
                     });
                 }

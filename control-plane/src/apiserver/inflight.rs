@@ -110,8 +110,9 @@ pub fn timed_out() -> ApiError {
 }
 
 /// Upstream's long-running request check: watches, and the streaming
-/// subresources (a log only when followed).
-fn long_running(method: &Method, path: Option<&ResourcePath>, query: &Query) -> bool {
+/// subresources (a log only when followed). The audit log writes these
+/// requests' ResponseStarted stage.
+pub(crate) fn long_running(method: &Method, path: Option<&ResourcePath>, query: &Query) -> bool {
     let Some(p) = path else {
         return false;
     };

@@ -16,8 +16,10 @@
 //!   object semantics several kinds share
 //! - [`table`]: server-side printing; [`discovery`], [`openapi`]: documents
 //! - [`health`]: /healthz, /livez, /readyz; [`bootstrap`]: first-start objects
+//! - [`audit`]: the audit log (policy, events, the log file)
 
 pub mod admission;
+pub mod audit;
 pub mod bootstrap;
 pub mod convert;
 pub mod defaults;
@@ -80,6 +82,8 @@ pub struct ApiConfig {
     pub event_ttl: Option<std::time::Duration>,
     /// Requests in flight and their deadline.
     pub inflight: inflight::Inflight,
+    /// The audit log (off by default).
+    pub audit: audit::Auditor,
 }
 
 /// The API server: shared by every connection.
@@ -93,6 +97,7 @@ pub struct ApiServer {
     pub(crate) default_toleration_seconds: admission::DefaultTolerationSeconds,
     pub(crate) event_ttl: Option<std::time::Duration>,
     inflight: inflight::Inflight,
+    pub(crate) audit: audit::Auditor,
     /// Namespaces found active, and when (namespace lifecycle admission).
     active_namespaces: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
     /// Flips to true on shutdown; watch streams end when it does.
@@ -165,6 +170,7 @@ impl ApiServer {
             default_toleration_seconds: cfg.default_toleration_seconds,
             event_ttl: cfg.event_ttl,
             inflight: cfg.inflight,
+            audit: cfg.audit,
             active_namespaces: Default::default(),
             shutdown,
             node_tls: Default::default(),
@@ -236,20 +242,46 @@ impl ApiServer {
         let query = Query::parse(req.uri().query());
         let target = request::parse_path(&path);
         let kind = RequestKind::of(req.method(), &target, &query);
-        let fut = self.route(req, target, query, peer);
-        let resp = match AssertUnwindSafe(fut).catch_unwind().await {
+        let identity = self.authenticate(req.headers(), peer).await;
+        let mut audit = self.audit.begin(&req, &target, &query, identity.as_ref());
+        let fut = self.route(req, target, query, identity, &mut audit);
+        let outcome = AssertUnwindSafe(fut).catch_unwind().await;
+        let resp = match outcome {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => error_response(&e),
-            Err(_) => {
-                tracing::error!(path, "request handler panicked");
+            Ok(Err(e)) => {
+                audit.failed(&e);
+                error_response(&e)
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(path, panic = what, "request handler panicked");
+                audit.panicked(&what);
                 error_response(&ApiError::internal(
                     "the server failed while handling this request",
                 ))
             }
         };
+        let resp = audit.respond(resp).await;
         self.metrics
             .observe_request(kind, resp.status().as_u16(), start.elapsed());
         resp
+    }
+
+    /// Who sent the request: the client certificate's identity, else the
+    /// bearer token's (static, then bootstrap tokens); None for nobody.
+    async fn authenticate(&self, headers: &HeaderMap, peer: Option<Identity>) -> Option<Identity> {
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok());
+        let identity = peer.or_else(|| bearer.and_then(|h| self.authn.authenticate_bearer(h)));
+        match (identity, bearer) {
+            (None, Some(h)) => self.authenticate_bootstrap(h).await,
+            (id, _) => id,
+        }
     }
 
     async fn route(
@@ -257,19 +289,11 @@ impl ApiServer {
         req: Request<Body>,
         target: Target,
         query: Query,
-        peer: Option<Identity>,
+        identity: Option<Identity>,
+        audit: &mut audit::Recorder,
     ) -> ApiResult<Response<Body>> {
         let (parts, body) = req.into_parts();
         let path = parts.uri.path();
-        let bearer = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|h| h.to_str().ok());
-        let identity = peer.or_else(|| bearer.and_then(|h| self.authn.authenticate_bearer(h)));
-        let identity = match (identity, bearer) {
-            (None, Some(h)) => self.authenticate_bootstrap(h).await,
-            (id, _) => id,
-        };
         let public = matches!(
             path,
             "/healthz" | "/livez" | "/readyz" | skiff_bootstrap::names::CA_PATH
@@ -293,7 +317,7 @@ impl ApiServer {
         let admitted = self
             .inflight
             .admit(&identity, &parts.method, path_of, &query)?;
-        let served = self.dispatch(parts, body, target, query, identity);
+        let served = self.dispatch(parts, body, target, query, identity, audit);
         match admitted.timeout {
             Some(t) => tokio::time::timeout(t, served)
                 .await
@@ -309,22 +333,15 @@ impl ApiServer {
         target: Target,
         query: Query,
         identity: Identity,
+        audit: &mut audit::Recorder,
     ) -> ApiResult<Response<Body>> {
         let path = parts.uri.path();
+        let attrs = request::attributes(&parts.method, &target, &query, path);
+        let decision = self.authorize(&identity, &attrs).await;
+        audit.authorized(&decision);
+        decision?;
         match target {
             Target::Resource(p) => {
-                let verb = request::verb(&parts.method, &p, &query);
-                let attrs = Attributes {
-                    verb: verb.to_string(),
-                    resource_request: true,
-                    group: p.group.clone(),
-                    resource: p.resource.clone(),
-                    subresource: p.subresource.clone().unwrap_or_default(),
-                    namespace: p.namespace.clone().unwrap_or_default(),
-                    name: p.name.clone().unwrap_or_default(),
-                    path: path.to_string(),
-                };
-                self.authorize(&identity, &attrs).await?;
                 let def = resources::lookup(&p.group, &p.version, &p.resource)
                     .ok_or_else(|| ApiError::not_found_path(path))?;
                 if def.namespaced != p.namespace.is_some() && !(def.namespaced && p.name.is_none())
@@ -336,6 +353,7 @@ impl ApiServer {
                     return nodeproxy::proxy(self, def, &ns, &name, parts, body).await;
                 }
                 let body = read_body(&parts.headers, body).await?;
+                audit.request_body(&body, content_type(&parts.headers));
                 let r = Req {
                     def,
                     ns: p.namespace,
@@ -348,43 +366,31 @@ impl ApiServer {
                 };
                 self.resource(&parts.method, r, body).await
             }
-            other => {
-                let attrs = Attributes {
-                    verb: parts.method.as_str().to_lowercase(),
-                    path: path.to_string(),
-                    ..Default::default()
-                };
-                self.authorize(&identity, &attrs).await?;
-                match other {
-                    Target::CoreVersions if discovery::wants_aggregated(accept(&parts.headers)) => {
-                        Ok(json_response_ct(
-                            200,
-                            &discovery::aggregated(true),
-                            discovery::AGGREGATED_CONTENT_TYPE,
-                        ))
-                    }
-                    Target::Groups if discovery::wants_aggregated(accept(&parts.headers)) => {
-                        Ok(json_response_ct(
-                            200,
-                            &discovery::aggregated(false),
-                            discovery::AGGREGATED_CONTENT_TYPE,
-                        ))
-                    }
-                    Target::CoreVersions => Ok(json_response(200, &discovery::core_versions())),
-                    Target::Groups => Ok(json_response(200, &discovery::groups())),
-                    Target::Group(g) => discovery::group(&g)
-                        .map(|v| json_response(200, &v))
-                        .ok_or_else(|| ApiError::not_found_path(path)),
-                    Target::GroupVersion { group, version } => {
-                        discovery::group_version(&group, &version)
-                            .map(|v| json_response(200, &v))
-                            .ok_or_else(|| ApiError::not_found_path(path))
-                    }
-                    _ => {
-                        self.non_resource(&parts.method, path, &query, &parts.headers)
-                            .await
-                    }
-                }
+            Target::CoreVersions if discovery::wants_aggregated(accept(&parts.headers)) => {
+                Ok(json_response_ct(
+                    200,
+                    &discovery::aggregated(true),
+                    discovery::AGGREGATED_CONTENT_TYPE,
+                ))
+            }
+            Target::Groups if discovery::wants_aggregated(accept(&parts.headers)) => {
+                Ok(json_response_ct(
+                    200,
+                    &discovery::aggregated(false),
+                    discovery::AGGREGATED_CONTENT_TYPE,
+                ))
+            }
+            Target::CoreVersions => Ok(json_response(200, &discovery::core_versions())),
+            Target::Groups => Ok(json_response(200, &discovery::groups())),
+            Target::Group(g) => discovery::group(&g)
+                .map(|v| json_response(200, &v))
+                .ok_or_else(|| ApiError::not_found_path(path)),
+            Target::GroupVersion { group, version } => discovery::group_version(&group, &version)
+                .map(|v| json_response(200, &v))
+                .ok_or_else(|| ApiError::not_found_path(path)),
+            _ => {
+                self.non_resource(&parts.method, path, &query, &parts.headers)
+                    .await
             }
         }
     }
@@ -521,6 +527,12 @@ fn decided(d: node::Decision, id: &Identity, a: &Attributes) -> Option<ApiResult
         )))),
         node::Decision::NoOpinion => None,
     }
+}
+
+fn content_type(h: &HeaderMap) -> &str {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
 }
 
 fn accept(h: &HeaderMap) -> &str {

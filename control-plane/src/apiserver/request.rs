@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use http::Method;
 
+use crate::auth::Attributes;
+
 /// What a request path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -126,6 +128,30 @@ pub fn verb(method: &Method, p: &ResourcePath, query: &Query) -> &'static str {
             }
         }
         _ => "unknown",
+    }
+}
+
+/// What the authorizers and the audit policy see of a request (upstream's
+/// `authorizer.Attributes` without the user): the Kubernetes verb and the
+/// resource for resource requests, the lower-case method and the path for
+/// the rest.
+pub fn attributes(method: &Method, target: &Target, query: &Query, path: &str) -> Attributes {
+    match target {
+        Target::Resource(p) => Attributes {
+            verb: verb(method, p, query).to_string(),
+            resource_request: true,
+            group: p.group.clone(),
+            resource: p.resource.clone(),
+            subresource: p.subresource.clone().unwrap_or_default(),
+            namespace: p.namespace.clone().unwrap_or_default(),
+            name: p.name.clone().unwrap_or_default(),
+            path: path.to_string(),
+        },
+        _ => Attributes {
+            verb: method.as_str().to_lowercase(),
+            path: path.to_string(),
+            ..Default::default()
+        },
     }
 }
 

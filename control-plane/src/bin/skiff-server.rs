@@ -140,6 +140,22 @@ struct ServeArgs {
     /// aesgcm or secretbox keys.
     #[arg(long, global = true)]
     encryption_provider_config: Option<PathBuf>,
+    /// kube-apiserver's audit Policy (audit.k8s.io/v1, YAML or JSON):
+    /// which requests are logged at which level (needs --audit-log-path).
+    #[arg(long)]
+    audit_policy_file: Option<PathBuf>,
+    /// Write audit events here as JSON lines; '-' for stdout.
+    #[arg(long)]
+    audit_log_path: Option<String>,
+    /// Days to keep rotated audit logs; 0 forever [default: 0].
+    #[arg(long)]
+    audit_log_maxage: Option<u64>,
+    /// Rotated audit logs to keep; 0 all [default: 0].
+    #[arg(long)]
+    audit_log_maxbackup: Option<usize>,
+    /// Megabytes an audit log grows to before it rotates [default: 100].
+    #[arg(long)]
+    audit_log_maxsize: Option<u64>,
 }
 
 impl ServeArgs {
@@ -170,6 +186,11 @@ impl ServeArgs {
             max_connections: self.max_connections,
             max_connections_per_source: self.max_connections_per_source,
             encryption_provider_config: self.encryption_provider_config.clone(),
+            audit_policy_file: self.audit_policy_file.clone(),
+            audit_log_path: self.audit_log_path.clone(),
+            audit_log_maxage: self.audit_log_maxage,
+            audit_log_maxbackup: self.audit_log_maxbackup,
+            audit_log_maxsize: self.audit_log_maxsize,
         };
         Config::resolve(flags, self.config.as_deref()).context("resolving configuration")
     }
