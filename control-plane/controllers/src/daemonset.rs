@@ -578,27 +578,7 @@ async fn sync_nodes(
             owner.clone(),
         );
         let (api, key) = (&api, &key);
-        async move {
-            match api.create(&PostParams::default(), &pod).await {
-                Ok(p) => {
-                    let name = p.name_any();
-                    st.expectations.created(key, Some(&name));
-                    st.events
-                        .normal(ds, "SuccessfulCreate", format!("Created pod: {name}"));
-                    Ok(())
-                }
-                Err(e) if workload::is_namespace_terminating(&e) => {
-                    st.expectations.created(key, None);
-                    Ok(())
-                }
-                Err(e) => {
-                    st.expectations.created(key, None);
-                    st.events
-                        .warning(ds, "FailedCreate", format!("Error creating: {e}"));
-                    Err(e)
-                }
-            }
-        }
+        async move { pods::create(api, &pod, ds, &st.events, &st.expectations, key).await }
     });
     let (deleted, (_, made, create_err)) = futures::future::join(deletions, creations).await;
     for _ in made..n {

@@ -548,32 +548,9 @@ impl<'a> Sync<'a> {
         let (ok, made, err) = pods::slow_start(n, |_| {
             let pod = pods::from_template(&template, prefix.clone(), owner.clone());
             let api = &api;
+            let st = &self.st;
             async move {
-                match api.create(&PostParams::default(), &pod).await {
-                    Ok(p) => {
-                        let name = p.name_any();
-                        self.st.expectations.created(&self.key, Some(&name));
-                        self.st.events.normal(
-                            &self.job,
-                            "SuccessfulCreate",
-                            format!("Created pod: {name}"),
-                        );
-                        Ok(())
-                    }
-                    Err(e) if workload::is_namespace_terminating(&e) => {
-                        self.st.expectations.created(&self.key, None);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        self.st.expectations.created(&self.key, None);
-                        self.st.events.warning(
-                            &self.job,
-                            "FailedCreate",
-                            format!("Error creating: {e}"),
-                        );
-                        Err(e)
-                    }
-                }
+                pods::create(api, &pod, &self.job, &st.events, &st.expectations, &self.key).await
             }
         })
         .await;

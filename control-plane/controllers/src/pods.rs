@@ -1,7 +1,8 @@
 //! Pods as the workload controllers see them: which count (active, ready,
 //! available after minReadySeconds), how a pod is made from a template, in
 //! which order surplus pods go (upstream `ActivePodsWithRanks`), and
-//! creation in slow-start batches (upstream `slowStartBatch`).
+//! creation with its events and expectations (upstream `PodControl`), in
+//! slow-start batches (upstream `slowStartBatch`).
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -11,6 +12,12 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::PostParams;
+use kube::{Api, Resource, ResourceExt};
+use kube_util::events::Recorder;
+
+use crate::workload;
+use crate::workload_expectations::Expectations;
 
 /// Annotation that orders pods for scale-down (lower goes first).
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
@@ -118,6 +125,40 @@ pub fn from_template(
         },
         spec: template.spec.clone(),
         status: None,
+    }
+}
+
+/// Create `pod` for `owner` as upstream's `PodControl.CreatePods`: a
+/// `SuccessfulCreate` or `FailedCreate` event on the owner, and the
+/// creation observed in `expectations` under `key` whatever the outcome.
+/// A namespace being deleted is no error: its pods go anyway.
+///
+/// # Errors
+/// The API's refusal, for the caller to stop its slow start on.
+pub async fn create<K: Resource<DynamicType = ()>>(
+    api: &Api<Pod>,
+    pod: &Pod,
+    owner: &K,
+    events: &Recorder,
+    expectations: &Expectations,
+    key: &str,
+) -> Result<(), kube::Error> {
+    match api.create(&PostParams::default(), pod).await {
+        Ok(p) => {
+            let name = p.name_any();
+            expectations.created(key, Some(&name));
+            events.normal(owner, "SuccessfulCreate", format!("Created pod: {name}"));
+            Ok(())
+        }
+        Err(e) if workload::is_namespace_terminating(&e) => {
+            expectations.created(key, None);
+            Ok(())
+        }
+        Err(e) => {
+            expectations.created(key, None);
+            events.warning(owner, "FailedCreate", format!("Error creating: {e}"));
+            Err(e)
+        }
     }
 }
 

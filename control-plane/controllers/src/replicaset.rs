@@ -214,27 +214,7 @@ async fn manage(
         let (_, made, err) = pods::slow_start(n, |_| {
             let pod = pods::from_template(&template, prefix.clone(), owner.clone());
             let (api, key) = (&api, &key);
-            async move {
-                match api.create(&PostParams::default(), &pod).await {
-                    Ok(p) => {
-                        let name = p.name_any();
-                        st.expectations.created(key, Some(&name));
-                        st.events
-                            .normal(rs, "SuccessfulCreate", format!("Created pod: {name}"));
-                        Ok(())
-                    }
-                    Err(e) if workload::is_namespace_terminating(&e) => {
-                        st.expectations.created(key, None);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        st.expectations.created(key, None);
-                        st.events
-                            .warning(rs, "FailedCreate", format!("Error creating: {e}"));
-                        Err(e)
-                    }
-                }
-            }
+            async move { pods::create(api, &pod, rs, &st.events, &st.expectations, key).await }
         })
         .await;
         for _ in made..n {
