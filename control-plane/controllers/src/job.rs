@@ -550,7 +550,15 @@ impl<'a> Sync<'a> {
             let api = &api;
             let st = &self.st;
             async move {
-                pods::create(api, &pod, &self.job, &st.events, &st.expectations, &self.key).await
+                pods::create(
+                    api,
+                    &pod,
+                    &self.job,
+                    &st.events,
+                    &st.expectations,
+                    &self.key,
+                )
+                .await
             }
         })
         .await;

@@ -359,7 +359,9 @@ mod tests {
         // filter applies required terms, the node's name included.
         let cases = [
             (
-                aff(json!([{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["hdd"]}]}])),
+                aff(
+                    json!([{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["hdd"]}]}]),
+                ),
                 false,
             ),
             (
