@@ -649,10 +649,7 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
             }
             Err(e) => return Err(e),
         };
-        let patched = patch::apply(&old, &body, pt, r.def.kind).map_err(|e| match e {
-            patch::Error::Malformed(m) => ApiError::bad_request(m),
-            patch::Error::Apply(m) => ApiError::new(422, "Invalid", m),
-        })?;
+        let patched = patch::apply(&old, &body, pt, r.def.kind).map_err(ApiError::from)?;
         let mut patched = patched;
         check_type_meta(r.def, &mut patched)?;
         let patched_rv = objects::meta_str(&patched, "resourceVersion").map(String::from);

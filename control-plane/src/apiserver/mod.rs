@@ -650,7 +650,7 @@ pub(crate) fn media_type(content_type: &str) -> &str {
 ///
 /// # Errors
 /// 400 for anything that is not one JSON/YAML object.
-pub(crate) fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
+pub fn decode_body(body: &[u8], content_type: &str) -> ApiResult<Value> {
     if body.is_empty() {
         return Err(ApiError::bad_request(
             "the request body is empty: expected an object",

@@ -6,7 +6,11 @@
 //! upstream Go types that the server serves; kubectl computes its patches
 //! from the same tags, so both sides agree on what a list item is.
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::{Map, Value};
+
+use super::status::ApiError;
 
 /// Patch failures.
 #[derive(Debug, thiserror::Error)]
@@ -17,9 +21,32 @@ pub enum Error {
     /// The patch is well formed but cannot apply to this object (422).
     #[error("{0}")]
     Apply(String),
+    /// A JSON patch with more operations than upstream takes (413).
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        match e {
+            Error::Malformed(m) => ApiError::bad_request(m),
+            Error::Apply(m) => ApiError::new(422, "Invalid", m),
+            Error::TooLarge(m) => ApiError::new(413, "RequestEntityTooLarge", m),
+        }
+    }
+}
+
+/// Upstream's `maxJSONPatchOperations`: each operation may walk the whole
+/// object, so their number bounds the work.
+pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
+
+/// What all of a JSON patch's `copy` operations may add, in JSON bytes
+/// (upstream's `--json-patch-max-copy-bytes` default): each copy of the
+/// root doubles the object, so without a bound a small patch allocates
+/// without end.
+pub const MAX_JSON_PATCH_COPY_BYTES: usize = 3 * 1024 * 1024;
 
 /// Which patch format the Content-Type names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,9 +80,7 @@ pub fn apply(doc: &Value, body: &[u8], pt: PatchType, kind: &str) -> Result<Valu
         PatchType::Json => {
             let p: json_patch::Patch = serde_json::from_slice(body)
                 .map_err(|e| Error::Malformed(format!("invalid JSON patch: {e}")))?;
-            let mut out = doc.clone();
-            json_patch::patch(&mut out, &p)
-                .map_err(|e| Error::Apply(format!("the JSON patch could not be applied: {e}")))?;
+            let out = json_patch(doc, &p.0)?;
             if !out.is_object() {
                 return Err(Error::Apply(
                     "the patched document must stay a JSON object".into(),
@@ -74,6 +99,61 @@ pub fn apply(doc: &Value, body: &[u8], pt: PatchType, kind: &str) -> Result<Valu
             strategic(doc, &p, kind)
         }
     }
+}
+
+/// Apply a JSON patch's operations in turn to a copy of `doc`, within
+/// upstream's bounds on their number and on what copies add.
+fn json_patch(doc: &Value, ops: &[json_patch::PatchOperation]) -> Result<Value> {
+    if ops.len() > MAX_JSON_PATCH_OPERATIONS {
+        return Err(Error::TooLarge(format!(
+            "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {}",
+            ops.len()
+        )));
+    }
+    let mut out = doc.clone();
+    let mut copy_budget = MAX_JSON_PATCH_COPY_BYTES;
+    for (i, op) in ops.iter().enumerate() {
+        if let json_patch::PatchOperation::Copy(c) = op {
+            if let Some(v) = out.pointer(c.from.as_str()) {
+                copy_budget = spend(copy_budget, v).ok_or_else(|| {
+                    Error::Apply(format!(
+                        "the JSON patch could not be applied: its copies add more than {MAX_JSON_PATCH_COPY_BYTES} bytes"
+                    ))
+                })?;
+            }
+        }
+        // One at a time, without json_patch's undo log: on failure the
+        // copy is dropped whole, so there is nothing to undo.
+        json_patch::patch_unsafe(&mut out, std::slice::from_ref(op)).map_err(|e| {
+            Error::Apply(format!(
+                "the JSON patch could not be applied: operation {i} failed at path {:?}: {}",
+                e.path.as_str(),
+                e.kind
+            ))
+        })?;
+    }
+    Ok(out)
+}
+
+/// `budget` less the JSON size of `v`; None when `v` is larger. Costs at
+/// most `budget` bytes of serializing, however large `v` is.
+fn spend(budget: usize, v: &Value) -> Option<usize> {
+    struct Meter(usize);
+    impl std::io::Write for Meter {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 = self
+                .0
+                .checked_sub(b.len())
+                .ok_or(std::io::ErrorKind::FileTooLarge)?;
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut meter = Meter(budget);
+    serde_json::to_writer(&mut meter, v).ok()?;
+    Some(meter.0)
 }
 
 fn parse_object(body: &[u8]) -> Result<Value> {
@@ -354,7 +434,8 @@ fn merge_map(orig: &mut Map<String, Value>, patch: &Map<String, Value>, ty: &str
     for (k, pv) in patch {
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
             if let (Some(Value::Array(list)), Some(del)) = (orig.get_mut(field), pv.as_array()) {
-                list.retain(|v| !del.contains(v));
+                let del: HashSet<String> = del.iter().map(identity).collect();
+                list.retain(|v| !del.contains(&identity(v)));
             }
             continue;
         }
@@ -397,8 +478,8 @@ fn merge_map(orig: &mut Map<String, Value>, patch: &Map<String, Value>, ty: &str
     // `$retainKeys` (volume sources, deployment strategy): drop every key the
     // patch did not list, so switching a union member removes the old one.
     if let Some(keep) = patch.get("$retainKeys").and_then(Value::as_array) {
-        let keep: Vec<&str> = keep.iter().filter_map(Value::as_str).collect();
-        orig.retain(|k, _| keep.contains(&k.as_str()));
+        let keep: HashSet<&str> = keep.iter().filter_map(Value::as_str).collect();
+        orig.retain(|k, _| keep.contains(k.as_str()));
     }
     for (k, order) in patch {
         if let (Some(field), Some(order)) = (k.strip_prefix("$setElementOrder/"), order.as_array())
@@ -412,6 +493,9 @@ fn merge_map(orig: &mut Map<String, Value>, patch: &Map<String, Value>, ty: &str
     Ok(true)
 }
 
+// Lists are merged through indexes rather than by searching them for each
+// patch item: a 3 MiB patch holds some 150 000 items, and comparing each
+// with every other took minutes (tests/fuzz_patches.rs).
 fn merge_list(orig: &mut Vec<Value>, patch: &[Value], rule: &ListRule) -> Result<()> {
     // `{"$patch": "replace"}` as an element replaces the whole list.
     if patch
@@ -426,13 +510,23 @@ fn merge_list(orig: &mut Vec<Value>, patch: &[Value], rule: &ListRule) -> Result
         return Ok(());
     }
     let Some(key) = rule.key else {
+        let mut seen: HashSet<String> = orig.iter().map(identity).collect();
         for v in patch {
-            if !orig.contains(v) {
-                orig.push(v.clone());
+            if seen.insert(identity(v)) {
+                orig.push(strip_value(v));
             }
         }
         return Ok(());
     };
+    // Removed items become None until the end, so positions stay valid.
+    let mut items: Vec<Option<Value>> = std::mem::take(orig).into_iter().map(Some).collect();
+    // Merge key -> positions of the items that have it, in list order.
+    let mut index: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, o) in items.iter().enumerate() {
+        if let Some(kv) = o.as_ref().and_then(|o| o.get(key)) {
+            index.entry(identity(kv)).or_default().push(i);
+        }
+    }
     for item in patch {
         let Some(p) = item.as_object() else {
             return Err(Error::Apply(format!(
@@ -444,44 +538,69 @@ fn merge_list(orig: &mut Vec<Value>, patch: &[Value], rule: &ListRule) -> Result
                 "map: {item} does not contain declared merge key: {key}"
             )));
         };
-        let pos = orig.iter().position(|o| o.get(key) == Some(kv));
+        let id = identity(kv);
         if p.get("$patch").and_then(Value::as_str) == Some("delete") {
-            orig.retain(|o| o.get(key) != Some(kv));
+            for i in index.remove(&id).unwrap_or_default() {
+                items[i] = None;
+            }
             continue;
         }
-        match pos {
-            Some(i) => {
-                if let Some(o) = orig[i].as_object_mut() {
+        let positions = index.entry(id).or_default();
+        match positions.first() {
+            Some(&i) => {
+                if let Some(o) = items[i].as_mut().and_then(Value::as_object_mut) {
                     if !merge_map(o, p, rule.item)? {
-                        orig.remove(i);
+                        items[i] = None;
+                        positions.remove(0);
                     }
                 }
             }
-            None => orig.push(Value::Object(strip(p))),
+            None => {
+                positions.push(items.len());
+                items.push(Some(Value::Object(strip(p))));
+            }
         }
     }
+    *orig = items.into_iter().flatten().collect();
     Ok(())
+}
+
+/// A value's identity for the indexes above: its JSON text, which is equal
+/// for equal values (serde_json's maps are sorted), -0.0 and 0.0 aside.
+fn identity(v: &Value) -> String {
+    v.to_string()
 }
 
 /// Order `list` as `order` lists it; items it does not name keep their
 /// relative order after the named ones.
 fn reorder(list: &mut [Value], order: &[Value], key: Option<&str>) {
-    let rank = |v: &Value| -> usize {
-        let found = match key {
-            Some(k) => order
-                .iter()
-                .position(|o| o.get(k).is_some() && o.get(k) == v.get(k)),
-            None => order.iter().position(|o| o == v),
-        };
-        found.unwrap_or(usize::MAX)
+    let at = |v: &Value| match key {
+        Some(k) => v.get(k).map(identity),
+        None => Some(identity(v)),
     };
-    list.sort_by_key(rank);
+    // The first place each item is named in `order`.
+    let mut rank: HashMap<String, usize> = HashMap::new();
+    for (i, o) in order.iter().enumerate() {
+        if let Some(id) = at(o) {
+            rank.entry(id).or_insert(i);
+        }
+    }
+    // Stable: unnamed items keep their order after the named ones.
+    list.sort_by_cached_key(|v| {
+        at(v)
+            .and_then(|id| rank.get(&id).copied())
+            .unwrap_or(usize::MAX)
+    });
 }
 
-/// A copy without `$` directives (for values added rather than merged).
+/// A copy without `$` directives and null members (for values added
+/// rather than merged). A null in a patch says "absent": upstream drops
+/// those of a value that the original does not have (its
+/// `discardNullValuesFromPatch`), and keeping them would store a null a
+/// typed field cannot hold (`data: {k: null}` in a ConfigMap).
 fn strip(m: &Map<String, Value>) -> Map<String, Value> {
     m.iter()
-        .filter(|(k, _)| !k.starts_with('$'))
+        .filter(|(k, v)| !k.starts_with('$') && !v.is_null())
         .map(|(k, v)| (k.clone(), strip_value(v)))
         .collect()
 }

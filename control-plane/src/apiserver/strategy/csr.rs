@@ -167,10 +167,7 @@ async fn subresource(
         } else {
             let pt = PatchType::from_content_type(r.content_type())
                 .ok_or_else(|| ApiError::unsupported_media(r.content_type()))?;
-            patch::apply(&old, &body, pt, r.def.kind).map_err(|e| match e {
-                patch::Error::Malformed(m) => ApiError::bad_request(m),
-                patch::Error::Apply(m) => ApiError::new(422, "Invalid", m),
-            })?
+            patch::apply(&old, &body, pt, r.def.kind).map_err(ApiError::from)?
         };
         let sent_rv = objects::meta_str(&wanted, "resourceVersion")
             .filter(|v| !v.is_empty())
