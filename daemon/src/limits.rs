@@ -56,8 +56,16 @@ pub struct ConnectionLimits {
 
 impl ConnectionLimits {
     /// At most `total` connections, at most `per_source` from one address
-    /// (0: no per-source cap).
+    /// (0: no per-source cap). A per-source cap never exceeds half the
+    /// total: with a low descriptor limit the total shrinks below the
+    /// configured per-source figure, and one flooding address would
+    /// otherwise hold every place.
     pub fn new(total: usize, per_source: usize) -> Arc<Self> {
+        let per_source = if per_source == 0 {
+            0
+        } else {
+            per_source.min((total / 2).max(1))
+        };
         Arc::new(ConnectionLimits {
             total,
             per_source,
@@ -271,17 +279,35 @@ mod tests {
 
     #[test]
     fn caps_total_and_per_source_and_frees_on_drop() {
-        let limits = ConnectionLimits::new(3, 2);
+        let limits = ConnectionLimits::new(5, 2);
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let c: IpAddr = "10.0.0.3".parse().unwrap();
         let a1 = limits.admit(a).unwrap();
         let _a2 = limits.admit(a).unwrap();
         assert!(limits.admit(a).is_none(), "third from one source");
         let _b1 = limits.admit(b).unwrap();
-        assert!(limits.admit(b).is_none(), "fourth in all");
+        let _b2 = limits.admit(b).unwrap();
+        let _c1 = limits.admit(c).unwrap();
+        assert!(limits.admit(c).is_none(), "sixth in all");
         drop(a1);
-        let _b2 = limits.admit(b).expect("a place came free");
-        assert_eq!(limits.open(), 3);
+        let _c2 = limits.admit(c).expect("a place came free");
+        assert_eq!(limits.open(), 5);
+    }
+
+    #[test]
+    fn one_source_never_takes_more_than_half() {
+        // A hard descriptor limit of 1024 leaves 896 places, fewer than
+        // the configured 1000 per source.
+        let limits = ConnectionLimits::new(connection_cap(10_000, 1024), 1000);
+        let flood: IpAddr = "127.0.0.2".parse().unwrap();
+        let held: Vec<_> = std::iter::from_fn(|| limits.admit(flood)).collect();
+        assert_eq!(held.len(), 448);
+        let client: IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(
+            limits.admit(client).is_some(),
+            "another source still gets in"
+        );
     }
 
     #[test]

@@ -9,8 +9,11 @@ use std::sync::Arc;
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
 use hickory_server::proto::rr::Record;
+use hickory_server::proto::serialize::binary::{
+    BinDecoder, BinEncodable, BinEncoder, NameEncoding,
+};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
+use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder, Queries};
 use rand::seq::SliceRandom;
 
 use super::upstream::Forwarder;
@@ -33,7 +36,9 @@ impl RequestHandler for Handler {
         mut response: R,
     ) -> ResponseInfo {
         let edns = response_edns(request);
-        let builder = MessageResponseBuilder::new(&request.queries, edns.as_ref());
+        let reencoded = reencoded(&request.queries);
+        let queries = reencoded.as_ref().unwrap_or(&request.queries);
+        let builder = MessageResponseBuilder::new(queries, edns.as_ref());
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.recursion_available = true;
 
@@ -97,6 +102,50 @@ fn response_edns(request: &Request) -> Option<Edns> {
     edns.set_max_payload(theirs.max_payload());
     edns.set_dnssec_ok(theirs.flags().dnssec_ok);
     Some(edns)
+}
+
+/// The question section written out again without compression, when the
+/// request's own bytes hold a compression pointer; `None` otherwise.
+///
+/// hickory-server echoes the question bytes as received, and a pointer in
+/// them points at offsets of the request: in the response it would read
+/// whatever lies there (a pointer into the header reads header bits), an
+/// answer the client cannot parse. Resolvers never compress a question,
+/// so this only costs anything for odd or hostile requests.
+fn reencoded(queries: &Queries) -> Option<Queries> {
+    if !has_pointer(queries.as_bytes(), queries.len()) {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    let mut encoder = BinEncoder::new(&mut bytes);
+    encoder.set_name_encoding(NameEncoding::Uncompressed);
+    for query in queries.queries() {
+        query.emit(&mut encoder).ok()?;
+    }
+    Queries::read(&mut BinDecoder::new(&bytes), queries.len()).ok()
+}
+
+/// Whether any of the `count` questions in `section` ends in a
+/// compression pointer (each name is labels up to the root or a pointer,
+/// then type and class).
+fn has_pointer(section: &[u8], count: usize) -> bool {
+    let mut at = 0;
+    for _ in 0..count {
+        loop {
+            let Some(&len) = section.get(at) else {
+                return false;
+            };
+            if len & 0xc0 == 0xc0 {
+                return true;
+            }
+            at += 1 + usize::from(len);
+            if len == 0 {
+                break;
+            }
+        }
+        at += 4;
+    }
+    false
 }
 
 /// A response with `rcode` and no records.
