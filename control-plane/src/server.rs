@@ -210,7 +210,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         shutdown_rx.clone(),
     );
     api.set_kubelet_client(&pki.kubelet_client_cert()?)
-        .map_err(Error::Tls)?;
+        .map_err(|e| Error::Tls(format!("kubelet client certificate: {e}")))?;
     api.set_cluster_ca(pki.ca_pem());
     api.start_background().await?;
     let compactor = cfg.compaction_interval.map(|interval| {

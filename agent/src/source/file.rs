@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -28,7 +29,7 @@ const DEBOUNCE: Duration = Duration::from_millis(5);
 #[derive(Clone)]
 struct Parsed {
     stamp: (SystemTime, u64),
-    result: Result<Pod, String>,
+    result: Result<Pod, ManifestError>,
 }
 
 /// Watches one directory and sends a full snapshot whenever it changes.
@@ -130,9 +131,9 @@ impl FileSource {
                     names.insert(key, path);
                     pods.push(pod);
                 }
-                Err(message) => errors.push(SourceError {
+                Err(e) => errors.push(SourceError {
                     origin: path.display().to_string(),
-                    message,
+                    message: e.to_string(),
                 }),
             }
         }
@@ -215,14 +216,43 @@ impl FileSource {
     }
 }
 
+/// Why a manifest file is not a static pod; cached with the file's stamp
+/// and reported until the file changes, hence `Clone`.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ManifestError {
+    #[error("cannot read: {0}")]
+    Read(Arc<std::io::Error>),
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    #[error("invalid {format}: {message}")]
+    Syntax {
+        format: &'static str,
+        message: String,
+    },
+    #[error(
+        "expected apiVersion: v1 and kind: Pod, found apiVersion: {api_version:?}, kind: {kind:?}"
+    )]
+    NotAPod { api_version: String, kind: String },
+    /// A field does not decode into a Pod.
+    #[error("{path}: {message}")]
+    Field { path: String, message: String },
+    /// The Pod decodes but breaks validation rules.
+    #[error("invalid pod: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+}
+
 /// Parse, validate and default one manifest file.
-pub fn load_static_pod(path: &Path, node_name: &str) -> Result<Pod, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+///
+/// # Errors
+/// The file cannot be read, is not a Pod, or is not a valid one.
+pub fn load_static_pod(path: &Path, node_name: &str) -> Result<Pod, ManifestError> {
+    let bytes = std::fs::read(path).map_err(|e| ManifestError::Read(Arc::new(e)))?;
     let mut pod = parse_pod(&bytes)?;
     let errs = validate::validate_pod(&pod);
     if !errs.is_empty() {
-        let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-        return Err(format!("invalid pod: {}", list.join("; ")));
+        return Err(ManifestError::Invalid(
+            errs.iter().map(|e| e.to_string()).collect(),
+        ));
     }
     defaults::apply_pod_defaults(&mut pod);
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -247,12 +277,13 @@ pub fn load_static_pod(path: &Path, node_name: &str) -> Result<Pod, String> {
 }
 
 /// YAML is a superset of JSON, but serde_json gives better messages for JSON.
-fn parse_pod(bytes: &[u8]) -> Result<Pod, String> {
-    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())?;
+fn parse_pod(bytes: &[u8]) -> Result<Pod, ManifestError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| ManifestError::NotUtf8)?;
+    let syntax = |format: &'static str, message: String| ManifestError::Syntax { format, message };
     let value: serde_json::Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?
+        serde_json::from_str(text).map_err(|e| syntax("JSON", e.to_string()))?
     } else {
-        serde_saphyr::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?
+        serde_saphyr::from_str(text).map_err(|e| syntax("YAML", e.to_string()))?
     };
     let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
     let api = value
@@ -260,13 +291,14 @@ fn parse_pod(bytes: &[u8]) -> Result<Pod, String> {
         .and_then(|k| k.as_str())
         .unwrap_or("");
     if kind != "Pod" || api != "v1" {
-        return Err(format!(
-            "expected apiVersion: v1 and kind: Pod, found apiVersion: {api:?}, kind: {kind:?}"
-        ));
+        return Err(ManifestError::NotAPod {
+            api_version: api.to_string(),
+            kind: kind.to_string(),
+        });
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        format!("{path}: {}", e.inner())
+    serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
     })
 }
 
@@ -331,5 +363,12 @@ mod tests {
             .find(|e| e.origin.ends_with("svc.yaml"))
             .unwrap();
         assert!(svc.message.contains("kind: \"Service\""), "{}", svc.message);
+        let e = load_static_pod(&dir.path().join("svc.yaml"), "n").unwrap_err();
+        assert!(matches!(e, ManifestError::NotAPod { .. }), "{e:?}");
+        let e = load_static_pod(&dir.path().join("notyaml.json"), "n").unwrap_err();
+        assert!(
+            matches!(e, ManifestError::Syntax { format: "JSON", .. }),
+            "{e:?}"
+        );
     }
 }

@@ -37,18 +37,16 @@ impl ApiServer {
     ///
     /// # Errors
     /// The certificate or key cannot be used by TLS.
-    pub fn set_kubelet_client(&self, ck: &CertKey) -> Result<(), String> {
+    pub fn set_kubelet_client(&self, ck: &CertKey) -> Result<(), rustls::Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
             .with_client_auth_cert(
                 vec![CertificateDer::from(ck.cert_der.clone())],
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.key_der.clone())),
-            )
-            .map_err(|e| format!("kubelet client certificate: {e}"))?;
+            )?;
         let _ = self.node_tls.set(Arc::new(cfg));
         Ok(())
     }

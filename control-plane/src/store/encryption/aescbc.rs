@@ -8,6 +8,8 @@
 use aes::cipher::block_padding::Pkcs7;
 use aes::cipher::{BlockCipher, BlockDecryptMut, BlockEncryptMut, KeyInit, KeyIvInit};
 
+use super::CipherError;
+
 /// Bytes of IV before the ciphertext.
 pub const IV_LEN: usize = 16;
 /// Key sizes upstream accepts (AES-128, -192, -256).
@@ -17,16 +19,16 @@ pub const KEY_SIZES: &[usize] = &[16, 24, 32];
 ///
 /// # Errors
 /// `key` is not 16, 24 or 32 bytes.
-pub fn seal(key: &[u8], plain: &[u8]) -> Result<Vec<u8>, String> {
+pub fn seal(key: &[u8], plain: &[u8]) -> Result<Vec<u8>, CipherError> {
     seal_with_iv(key, &rand::random::<[u8; IV_LEN]>(), plain)
 }
 
-fn seal_with_iv(key: &[u8], iv: &[u8; IV_LEN], plain: &[u8]) -> Result<Vec<u8>, String> {
+fn seal_with_iv(key: &[u8], iv: &[u8; IV_LEN], plain: &[u8]) -> Result<Vec<u8>, CipherError> {
     let ct = match key.len() {
         16 => encrypt::<aes::Aes128>(key, iv, plain)?,
         24 => encrypt::<aes::Aes192>(key, iv, plain)?,
         32 => encrypt::<aes::Aes256>(key, iv, plain)?,
-        n => return Err(format!("key is {n} bytes, want 16, 24 or 32")),
+        got => return Err(CipherError::aes_key_size(got)),
     };
     let mut out = Vec::with_capacity(IV_LEN + ct.len());
     out.extend_from_slice(iv);
@@ -38,37 +40,40 @@ fn seal_with_iv(key: &[u8], iv: &[u8; IV_LEN], plain: &[u8]) -> Result<Vec<u8>, 
 ///
 /// # Errors
 /// Too short, not whole blocks, or bad padding (most often: another key).
-pub fn open(key: &[u8], body: &[u8]) -> Result<Vec<u8>, String> {
+pub fn open(key: &[u8], body: &[u8]) -> Result<Vec<u8>, CipherError> {
     if body.len() < 2 * IV_LEN || !body.len().is_multiple_of(IV_LEN) {
-        return Err(format!(
-            "{} bytes after the prefix is not an IV and whole AES blocks",
-            body.len()
-        ));
+        return Err(CipherError::Shape {
+            len: body.len(),
+            shape: "not an IV and whole AES blocks",
+        });
     }
     let (iv, ct) = body.split_at(IV_LEN);
     match key.len() {
         16 => decrypt::<aes::Aes128>(key, iv, ct),
         24 => decrypt::<aes::Aes192>(key, iv, ct),
         32 => decrypt::<aes::Aes256>(key, iv, ct),
-        n => Err(format!("key is {n} bytes, want 16, 24 or 32")),
+        got => Err(CipherError::aes_key_size(got)),
     }
 }
 
-fn encrypt<C>(key: &[u8], iv: &[u8], plain: &[u8]) -> Result<Vec<u8>, String>
+fn encrypt<C>(key: &[u8], iv: &[u8], plain: &[u8]) -> Result<Vec<u8>, CipherError>
 where
     C: BlockEncryptMut + BlockCipher + KeyInit,
 {
-    let enc = cbc::Encryptor::<C>::new_from_slices(key, iv).map_err(|e| e.to_string())?;
+    let enc = cbc::Encryptor::<C>::new_from_slices(key, iv)
+        .map_err(|_| CipherError::aes_key_size(key.len()))?;
     Ok(enc.encrypt_padded_vec_mut::<Pkcs7>(plain))
 }
 
-fn decrypt<C>(key: &[u8], iv: &[u8], ct: &[u8]) -> Result<Vec<u8>, String>
+fn decrypt<C>(key: &[u8], iv: &[u8], ct: &[u8]) -> Result<Vec<u8>, CipherError>
 where
     C: BlockDecryptMut + BlockCipher + KeyInit,
 {
-    let dec = cbc::Decryptor::<C>::new_from_slices(key, iv).map_err(|e| e.to_string())?;
-    dec.decrypt_padded_vec_mut::<Pkcs7>(ct)
-        .map_err(|_| "bad padding: encrypted with another key, or corrupt".to_string())
+    let dec = cbc::Decryptor::<C>::new_from_slices(key, iv)
+        .map_err(|_| CipherError::aes_key_size(key.len()))?;
+    dec.decrypt_padded_vec_mut::<Pkcs7>(ct).map_err(|_| {
+        CipherError::NotAuthentic("bad padding: encrypted with another key, or corrupt")
+    })
 }
 
 #[cfg(test)]
@@ -94,9 +99,18 @@ mod tests {
         let sealed = seal(&[1u8; 32], PLAIN).unwrap();
         // One wrong key in 256 yields valid padding, never the plaintext.
         assert!(open(&[2u8; 32], &sealed).map_or(true, |p| p != PLAIN));
-        assert!(seal(&[1u8; 20], PLAIN).is_err());
-        assert!(open(&[1u8; 32], &sealed[..sealed.len() - 1]).is_err());
-        assert!(open(&[1u8; 32], &sealed[..IV_LEN]).is_err());
+        assert!(matches!(
+            seal(&[1u8; 20], PLAIN),
+            Err(CipherError::KeySize { got: 20, .. })
+        ));
+        assert!(matches!(
+            open(&[1u8; 32], &sealed[..sealed.len() - 1]),
+            Err(CipherError::Shape { .. })
+        ));
+        assert!(matches!(
+            open(&[1u8; 32], &sealed[..IV_LEN]),
+            Err(CipherError::Shape { .. })
+        ));
     }
 
     /// Produced by Python's `cryptography` (AES-256-CBC, PKCS7): the same

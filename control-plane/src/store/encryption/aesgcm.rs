@@ -12,6 +12,8 @@ use aes_gcm::aead::{Aead, AeadCore, KeyInit, Payload};
 use aes_gcm::aes::{Aes128, Aes192, Aes256};
 use aes_gcm::AesGcm;
 
+use super::CipherError;
+
 /// Bytes of nonce before the ciphertext.
 pub const NONCE_LEN: usize = 12;
 /// Bytes of tag after the ciphertext.
@@ -24,7 +26,7 @@ pub const KEY_SIZES: &[usize] = &[16, 24, 32];
 ///
 /// # Errors
 /// `key` is not 16, 24 or 32 bytes.
-pub fn seal(key: &[u8], plain: &[u8], aad: &[u8]) -> Result<Vec<u8>, String> {
+pub fn seal(key: &[u8], plain: &[u8], aad: &[u8]) -> Result<Vec<u8>, CipherError> {
     seal_with_nonce(key, &rand::random::<[u8; NONCE_LEN]>(), plain, aad)
 }
 
@@ -33,13 +35,13 @@ fn seal_with_nonce(
     nonce: &[u8; NONCE_LEN],
     plain: &[u8],
     aad: &[u8],
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, CipherError> {
     let msg = Payload { msg: plain, aad };
     let ct = match key.len() {
         16 => encrypt::<AesGcm<Aes128, U12>>(key, nonce, msg)?,
         24 => encrypt::<AesGcm<Aes192, U12>>(key, nonce, msg)?,
         32 => encrypt::<AesGcm<Aes256, U12>>(key, nonce, msg)?,
-        n => return Err(format!("key is {n} bytes, want 16, 24 or 32")),
+        got => return Err(CipherError::aes_key_size(got)),
     };
     let mut out = Vec::with_capacity(NONCE_LEN + ct.len());
     out.extend_from_slice(nonce);
@@ -52,12 +54,12 @@ fn seal_with_nonce(
 /// # Errors
 /// Too short, or the tag does not verify (another key, another store key,
 /// or corrupt).
-pub fn open(key: &[u8], body: &[u8], aad: &[u8]) -> Result<Vec<u8>, String> {
+pub fn open(key: &[u8], body: &[u8], aad: &[u8]) -> Result<Vec<u8>, CipherError> {
     if body.len() < NONCE_LEN + TAG_LEN {
-        return Err(format!(
-            "{} bytes after the prefix is shorter than a nonce and a tag",
-            body.len()
-        ));
+        return Err(CipherError::Shape {
+            len: body.len(),
+            shape: "shorter than a nonce and a tag",
+        });
     }
     let (nonce, ct) = body.split_at(NONCE_LEN);
     let msg = Payload { msg: ct, aad };
@@ -65,28 +67,29 @@ pub fn open(key: &[u8], body: &[u8], aad: &[u8]) -> Result<Vec<u8>, String> {
         16 => decrypt::<AesGcm<Aes128, U12>>(key, nonce, msg),
         24 => decrypt::<AesGcm<Aes192, U12>>(key, nonce, msg),
         32 => decrypt::<AesGcm<Aes256, U12>>(key, nonce, msg),
-        n => Err(format!("key is {n} bytes, want 16, 24 or 32")),
+        got => Err(CipherError::aes_key_size(got)),
     }
 }
 
-fn encrypt<C>(key: &[u8], nonce: &[u8], msg: Payload<'_, '_>) -> Result<Vec<u8>, String>
+fn encrypt<C>(key: &[u8], nonce: &[u8], msg: Payload<'_, '_>) -> Result<Vec<u8>, CipherError>
 where
     C: Aead + AeadCore<NonceSize = U12> + KeyInit,
 {
-    let c = C::new_from_slice(key).map_err(|e| e.to_string())?;
+    let c = C::new_from_slice(key).map_err(|_| CipherError::aes_key_size(key.len()))?;
     c.encrypt(aes_gcm::Nonce::from_slice(nonce), msg)
-        .map_err(|_| "AES-GCM refused the message".to_string())
+        .map_err(|_| CipherError::Refused("AES-GCM"))
 }
 
-fn decrypt<C>(key: &[u8], nonce: &[u8], msg: Payload<'_, '_>) -> Result<Vec<u8>, String>
+fn decrypt<C>(key: &[u8], nonce: &[u8], msg: Payload<'_, '_>) -> Result<Vec<u8>, CipherError>
 where
     C: Aead + AeadCore<NonceSize = U12> + KeyInit,
 {
-    let c = C::new_from_slice(key).map_err(|e| e.to_string())?;
+    let c = C::new_from_slice(key).map_err(|_| CipherError::aes_key_size(key.len()))?;
     c.decrypt(aes_gcm::Nonce::from_slice(nonce), msg)
         .map_err(|_| {
-            "authentication failed: encrypted with another key, for another object, or corrupt"
-                .to_string()
+            CipherError::NotAuthentic(
+                "authentication failed: encrypted with another key, for another object, or corrupt",
+            )
         })
 }
 
@@ -110,10 +113,22 @@ mod tests {
     #[test]
     fn wrong_key_or_other_object_fails() {
         let sealed = seal(&[1u8; 16], PLAIN, AAD).unwrap();
-        assert!(open(&[2u8; 16], &sealed, AAD).is_err());
-        assert!(open(&[1u8; 16], &sealed, b"/registry/core/secrets/default/t").is_err());
-        assert!(open(&[1u8; 16], &sealed[..NONCE_LEN + 3], AAD).is_err());
-        assert!(seal(&[1u8; 8], PLAIN, AAD).is_err());
+        assert!(matches!(
+            open(&[2u8; 16], &sealed, AAD),
+            Err(CipherError::NotAuthentic(_))
+        ));
+        assert!(matches!(
+            open(&[1u8; 16], &sealed, b"/registry/core/secrets/default/t"),
+            Err(CipherError::NotAuthentic(_))
+        ));
+        assert!(matches!(
+            open(&[1u8; 16], &sealed[..NONCE_LEN + 3], AAD),
+            Err(CipherError::Shape { .. })
+        ));
+        assert!(matches!(
+            seal(&[1u8; 8], PLAIN, AAD),
+            Err(CipherError::KeySize { got: 8, .. })
+        ));
     }
 
     /// Produced by Python's `cryptography` (AESGCM, 128-bit key, the store

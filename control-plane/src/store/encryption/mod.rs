@@ -54,15 +54,54 @@ pub enum Error {
         field: String,
         why: String,
     },
-    /// A stored value cannot be decrypted with the configured keys.
-    #[error("decrypting {key}: {why}")]
-    Decrypt { key: String, why: String },
+    /// A stored value does not decrypt with the key its prefix names.
+    #[error("decrypting {key}: {provider}: {why}")]
+    Decrypt {
+        key: String,
+        /// `aescbc:key1`.
+        provider: String,
+        #[source]
+        why: CipherError,
+    },
+    /// A stored value was written under a key the config does not hold.
+    #[error("decrypting {key}: stored under {stored_under}, which is not a key in --encryption-provider-config")]
+    UnknownKey { key: String, stored_under: String },
     /// A value cannot be encrypted (a cipher refused its key).
     #[error("encrypting {key}: {why}")]
-    Encrypt { key: String, why: String },
+    Encrypt {
+        key: String,
+        #[source]
+        why: CipherError,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why one cipher refused a key or a stored body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CipherError {
+    #[error("key is {got} bytes, want {want}")]
+    KeySize { got: usize, want: &'static str },
+    /// The body after the prefix cannot hold what the cipher stores.
+    #[error("{len} bytes after the prefix is {shape}")]
+    Shape { len: usize, shape: &'static str },
+    /// Decryption failed: another key, another store key, or corrupt.
+    #[error("{0}")]
+    NotAuthentic(&'static str),
+    /// The cipher refused to encrypt (a message longer than it allows).
+    #[error("{0} refused the message")]
+    Refused(&'static str),
+}
+
+impl CipherError {
+    /// An AES key of `got` bytes (AES takes 16, 24 or 32).
+    fn aes_key_size(got: usize) -> CipherError {
+        CipherError::KeySize {
+            got,
+            want: "16, 24 or 32",
+        }
+    }
+}
 
 /// The prefix every encrypted value starts with (upstream's).
 pub const ENCRYPTED_PREFIX: &[u8] = b"k8s:enc:";

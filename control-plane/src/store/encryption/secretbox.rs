@@ -5,6 +5,8 @@
 use crypto_secretbox::aead::{Aead, KeyInit};
 use crypto_secretbox::{Nonce, XSalsa20Poly1305};
 
+use super::CipherError;
+
 /// Bytes of nonce before the box.
 pub const NONCE_LEN: usize = 24;
 /// Bytes of tag at the start of the box.
@@ -16,15 +18,19 @@ pub const KEY_SIZES: &[usize] = &[32];
 ///
 /// # Errors
 /// `key` is not 32 bytes.
-pub fn seal(key: &[u8], plain: &[u8]) -> Result<Vec<u8>, String> {
+pub fn seal(key: &[u8], plain: &[u8]) -> Result<Vec<u8>, CipherError> {
     seal_with_nonce(key, &rand::random::<[u8; NONCE_LEN]>(), plain)
 }
 
-fn seal_with_nonce(key: &[u8], nonce: &[u8; NONCE_LEN], plain: &[u8]) -> Result<Vec<u8>, String> {
+fn seal_with_nonce(
+    key: &[u8],
+    nonce: &[u8; NONCE_LEN],
+    plain: &[u8],
+) -> Result<Vec<u8>, CipherError> {
     let c = cipher(key)?;
     let sealed = c
         .encrypt(Nonce::from_slice(nonce), plain)
-        .map_err(|_| "secretbox refused the message".to_string())?;
+        .map_err(|_| CipherError::Refused("secretbox"))?;
     let mut out = Vec::with_capacity(NONCE_LEN + sealed.len());
     out.extend_from_slice(nonce);
     out.extend_from_slice(&sealed);
@@ -35,22 +41,28 @@ fn seal_with_nonce(key: &[u8], nonce: &[u8; NONCE_LEN], plain: &[u8]) -> Result<
 ///
 /// # Errors
 /// Too short, or the box does not verify (another key, or corrupt).
-pub fn open(key: &[u8], body: &[u8]) -> Result<Vec<u8>, String> {
+pub fn open(key: &[u8], body: &[u8]) -> Result<Vec<u8>, CipherError> {
     if body.len() < NONCE_LEN + TAG_LEN {
-        return Err(format!(
-            "{} bytes after the prefix is shorter than a nonce and a tag",
-            body.len()
-        ));
+        return Err(CipherError::Shape {
+            len: body.len(),
+            shape: "shorter than a nonce and a tag",
+        });
     }
     let (nonce, sealed) = body.split_at(NONCE_LEN);
     cipher(key)?
         .decrypt(Nonce::from_slice(nonce), sealed)
-        .map_err(|_| "authentication failed: encrypted with another key, or corrupt".to_string())
+        .map_err(|_| {
+            CipherError::NotAuthentic(
+                "authentication failed: encrypted with another key, or corrupt",
+            )
+        })
 }
 
-fn cipher(key: &[u8]) -> Result<XSalsa20Poly1305, String> {
-    XSalsa20Poly1305::new_from_slice(key)
-        .map_err(|_| format!("key is {} bytes, want 32", key.len()))
+fn cipher(key: &[u8]) -> Result<XSalsa20Poly1305, CipherError> {
+    XSalsa20Poly1305::new_from_slice(key).map_err(|_| CipherError::KeySize {
+        got: key.len(),
+        want: "32",
+    })
 }
 
 #[cfg(test)]
@@ -73,9 +85,18 @@ mod tests {
     #[test]
     fn wrong_key_fails() {
         let sealed = seal(&[9u8; 32], b"hello").unwrap();
-        assert!(open(&[8u8; 32], &sealed).is_err());
-        assert!(open(&[9u8; 32], &sealed[..NONCE_LEN + 4]).is_err());
-        assert!(seal(&[9u8; 16], b"hello").is_err());
+        assert!(matches!(
+            open(&[8u8; 32], &sealed),
+            Err(CipherError::NotAuthentic(_))
+        ));
+        assert!(matches!(
+            open(&[9u8; 32], &sealed[..NONCE_LEN + 4]),
+            Err(CipherError::Shape { .. })
+        ));
+        assert!(matches!(
+            seal(&[9u8; 16], b"hello"),
+            Err(CipherError::KeySize { got: 16, .. })
+        ));
     }
 
     /// NaCl's own secretbox test vector (tests/secretbox.c): the layout Go's

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use super::{aescbc, aesgcm, secretbox, Error, Result, ENCRYPTED_PREFIX};
+use super::{aescbc, aesgcm, secretbox, CipherError, Error, Result, ENCRYPTED_PREFIX};
 
 /// A cipher upstream offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ impl Kind {
         }
     }
 
-    fn seal(self, secret: &[u8], plain: &[u8], key: &str) -> Result<Vec<u8>, String> {
+    fn seal(self, secret: &[u8], plain: &[u8], key: &str) -> Result<Vec<u8>, CipherError> {
         match self {
             Kind::AesCbc => aescbc::seal(secret, plain),
             Kind::AesGcm => aesgcm::seal(secret, plain, key.as_bytes()),
@@ -43,7 +43,7 @@ impl Kind {
         }
     }
 
-    fn open(self, secret: &[u8], body: &[u8], key: &str) -> Result<Vec<u8>, String> {
+    fn open(self, secret: &[u8], body: &[u8], key: &str) -> Result<Vec<u8>, CipherError> {
         match self {
             Kind::AesCbc => aescbc::open(secret, body),
             Kind::AesGcm => aesgcm::open(secret, body, key.as_bytes()),
@@ -178,7 +178,8 @@ impl Chain {
                     .open(&k.secret, body, key)
                     .map_err(|why| Error::Decrypt {
                         key: key.to_string(),
-                        why: format!("{}: {why}", slot.label()),
+                        provider: slot.label(),
+                        why,
                     })?;
                 return Ok(Read {
                     plain: Cow::Owned(plain),
@@ -186,12 +187,9 @@ impl Chain {
                 });
             }
         }
-        Err(Error::Decrypt {
+        Err(Error::UnknownKey {
             key: key.to_string(),
-            why: format!(
-                "stored under {}, which is not a key in --encryption-provider-config",
-                stored_under(stored)
-            ),
+            stored_under: stored_under(stored),
         })
     }
 }
@@ -320,11 +318,23 @@ mod tests {
         let a = chain(vec![key(Kind::AesGcm, "a", 1)]);
         let stored = a.write(k, b"{}").unwrap();
         let other = chain(vec![key(Kind::AesGcm, "b", 1)]);
-        let e = other.read(k, &stored).err().unwrap().to_string();
+        let e = other.read(k, &stored).err().unwrap();
+        assert!(matches!(e, Error::UnknownKey { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("aesgcm:a") && e.contains(k), "{e}");
         let same_name = chain(vec![key(Kind::AesGcm, "a", 2)]);
-        let e = same_name.read(k, &stored).err().unwrap().to_string();
-        assert!(e.contains("authentication failed"), "{e}");
+        let e = same_name.read(k, &stored).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::Decrypt {
+                    why: CipherError::NotAuthentic(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("authentication failed"), "{e}");
     }
 
     #[test]
