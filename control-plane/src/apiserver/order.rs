@@ -11,24 +11,76 @@
 //! first and sort the rest, as Go does for unstructured objects.
 
 use std::io::Write;
+use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
 
-use super::protobuf::{fields_of, package, Field, Kind, INLINE};
+use super::protobuf::{all_fields, fields_of, message_index, package, Field, Kind, INLINE};
 
 /// What the value at hand is, as far as order goes.
 #[derive(Clone, Copy)]
 enum Ty {
-    /// A struct: fields in declaration order.
-    Msg(&'static [Field]),
-    /// A map: keys sorted, values structs of these fields (or of unknown
+    /// A struct: fields in declaration order (an index into [`orders`]).
+    Msg(usize),
+    /// A map: keys sorted, values structs of this message (or of unknown
     /// type).
-    Map(Option<&'static [Field]>),
+    Map(Option<usize>),
     /// Anything else: a scalar, or an object of unknown type (keys sorted).
     Unknown,
 }
 
 const UNKNOWN: Ty = Ty::Unknown;
+
+/// One message's fields by name: each one's place in Go's order (embedded
+/// structs' fields in their place; the first of a repeated name wins) and
+/// the type of its value. Sorted by name for lookup: an object is written
+/// by looking up the keys it has, not by probing for every field its type
+/// declares (a PodSpec declares forty).
+struct Order(Vec<(&'static str, usize, Ty)>);
+
+impl Order {
+    fn of(fields: &'static [Field]) -> Order {
+        fn flatten(fields: &'static [Field], out: &mut Vec<(&'static str, usize, Ty)>) {
+            for f in fields {
+                if f.kind == Kind::Msg && INLINE.contains(&f.name) {
+                    if let Some(inner) = fields_of(f.msg) {
+                        flatten(inner, out);
+                    }
+                } else if !out.iter().any(|(n, _, _)| *n == f.name) {
+                    out.push((f.name, out.len(), field_ty(f)));
+                }
+            }
+        }
+        let mut slots = Vec::with_capacity(fields.len());
+        flatten(fields, &mut slots);
+        slots.sort_unstable_by_key(|(name, _, _)| *name);
+        Order(slots)
+    }
+
+    /// `key`'s place and value type; unknown keys after every field.
+    fn slot(&self, key: &str) -> (usize, Ty) {
+        match self.0.binary_search_by(|(n, _, _)| (*n).cmp(key)) {
+            Ok(i) => (self.0[i].1, self.0[i].2),
+            Err(_) => (usize::MAX, UNKNOWN),
+        }
+    }
+}
+
+/// Every message's [`Order`], by its index in the field table; built once.
+fn orders() -> &'static [Order] {
+    static ORDERS: OnceLock<Vec<Order>> = OnceLock::new();
+    ORDERS.get_or_init(|| all_fields().map(Order::of).collect())
+}
+
+/// The type of one field's value (of each element, for repeated fields).
+fn field_ty(f: &Field) -> Ty {
+    match f.kind {
+        Kind::Msg => message_index(f.msg).map_or(UNKNOWN, Ty::Msg),
+        Kind::Map if f.value == Kind::Msg => Ty::Map(message_index(f.msg)),
+        Kind::Map => Ty::Map(None),
+        _ => UNKNOWN,
+    }
+}
 
 /// `object` (a top-level object with `apiVersion` and `kind`) as JSON in
 /// upstream's order, without the trailing newline.
@@ -41,107 +93,80 @@ pub fn to_vec(object: &Value) -> Vec<u8> {
 /// `v`, of message type `msg` (`meta.ListMeta`), in upstream's order.
 pub fn typed_to_vec(v: &Value, msg: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
-    write(&mut out, v, fields_of(msg).map_or(UNKNOWN, Ty::Msg));
+    write(&mut out, v, message_index(msg).map_or(UNKNOWN, Ty::Msg));
     out
 }
 
 /// The message type of a top-level object, from its `apiVersion` and
 /// `kind` (`apps/v1` `Deployment` -> `apps.Deployment`; meta kinds such as
 /// `Status` whatever group they come under).
-fn message_of(obj: &Map<String, Value>) -> Option<&'static [Field]> {
+fn message_of(obj: &Map<String, Value>) -> Option<usize> {
     let kind = obj.get("kind")?.as_str()?;
     let api_version = obj.get("apiVersion")?.as_str()?;
     let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
     package(group)
-        .and_then(|p| fields_of(&format!("{p}.{kind}")))
-        .or_else(|| fields_of(&format!("meta.{kind}")))
+        .and_then(|p| message_index(&format!("{p}.{kind}")))
+        .or_else(|| message_index(&format!("meta.{kind}")))
 }
 
+/// `kind` and `apiVersion` first, then the message's fields in order (for
+/// a type the table lacks: `metadata`), then the other keys sorted.
 fn write_top(out: &mut Vec<u8>, v: &Value) {
     let Value::Object(m) = v else {
         write(out, v, UNKNOWN);
         return;
     };
-    let fields = message_of(m);
+    let order = message_of(m).map(|i| &orders()[i]);
+    write_fields(out, m, |k| match (k, order) {
+        ("kind", _) => (0, UNKNOWN),
+        ("apiVersion", _) => (1, UNKNOWN),
+        (_, Some(order)) => {
+            let (at, ty) = order.slot(k);
+            (at.saturating_add(2), ty)
+        }
+        ("metadata", None) => (2, message_index("meta.ObjectMeta").map_or(UNKNOWN, Ty::Msg)),
+        (_, None) => (usize::MAX, UNKNOWN),
+    });
+}
+
+/// The entries of `m` ordered by the place `slot` gives each key; keys of
+/// the same place (those it does not know) keep the map's sorted order.
+fn write_fields(out: &mut Vec<u8>, m: &Map<String, Value>, slot: impl Fn(&str) -> (usize, Ty)) {
+    let mut entries: Vec<(usize, &String, &Value, Ty)> = m
+        .iter()
+        .map(|(k, v)| {
+            let (at, ty) = slot(k);
+            (at, k, v, ty)
+        })
+        .collect();
+    entries.sort_by_key(|(at, _, _, _)| *at);
     out.push(b'{');
-    let mut first = true;
-    let mut done: Vec<&str> = Vec::with_capacity(m.len());
-    for k in ["kind", "apiVersion"] {
-        if let Some(v) = m.get(k) {
-            key(out, &mut first, k);
-            write(out, v, UNKNOWN);
-            done.push(k);
+    for (i, (_, k, v, ty)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
+        key(out, k);
+        write(out, v, ty);
     }
-    match fields {
-        Some(fields) => struct_fields(out, m, fields, &mut first, &mut done),
-        None => {
-            if let (Some(v), Some(meta)) = (m.get("metadata"), fields_of("meta.ObjectMeta")) {
-                key(out, &mut first, "metadata");
-                write(out, v, Ty::Msg(meta));
-                done.push("metadata");
-            }
-        }
-    }
-    rest(out, m, &mut first, &done);
     out.push(b'}');
 }
 
-fn key(out: &mut Vec<u8>, first: &mut bool, k: &str) {
-    if !*first {
-        out.push(b',');
+/// The entries of `m` in its own (sorted) order, every value of type `ty`.
+fn write_sorted(out: &mut Vec<u8>, m: &Map<String, Value>, ty: Ty) {
+    out.push(b'{');
+    for (i, (k, v)) in m.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        key(out, k);
+        write(out, v, ty);
     }
-    *first = false;
+    out.push(b'}');
+}
+
+fn key(out: &mut Vec<u8>, k: &str) {
     let _ = serde_json::to_writer(&mut *out, k);
     out.push(b':');
-}
-
-/// The type of one field's value (of each element, for repeated fields).
-fn field_ty(f: &Field) -> Ty {
-    match f.kind {
-        Kind::Msg => fields_of(f.msg).map_or(UNKNOWN, Ty::Msg),
-        Kind::Map if f.value == Kind::Msg => Ty::Map(fields_of(f.msg)),
-        Kind::Map => Ty::Map(None),
-        _ => UNKNOWN,
-    }
-}
-
-/// The fields of `m` that `fields` declares, in that order; inline
-/// (embedded) structs' fields in their place.
-fn struct_fields<'m>(
-    out: &mut Vec<u8>,
-    m: &'m Map<String, Value>,
-    fields: &'static [Field],
-    first: &mut bool,
-    done: &mut Vec<&'m str>,
-) {
-    for f in fields {
-        if f.kind == Kind::Msg && INLINE.contains(&f.name) {
-            if let Some(inner) = fields_of(f.msg) {
-                struct_fields(out, m, inner, first, done);
-            }
-            continue;
-        }
-        if let Some((k, v)) = m.get_key_value(f.name) {
-            if done.contains(&k.as_str()) {
-                continue;
-            }
-            key(out, first, k);
-            write(out, v, field_ty(f));
-            done.push(k);
-        }
-    }
-}
-
-/// The keys of `m` not written yet, sorted (serde_json's map already
-/// iterates in key order).
-fn rest(out: &mut Vec<u8>, m: &Map<String, Value>, first: &mut bool, done: &[&str]) {
-    for (k, v) in m {
-        if !done.contains(&k.as_str()) {
-            key(out, first, k);
-            write(out, v, UNKNOWN);
-        }
-    }
 }
 
 fn write(out: &mut Vec<u8>, v: &Value, ty: Ty) {
@@ -156,33 +181,14 @@ fn write(out: &mut Vec<u8>, v: &Value, ty: Ty) {
             }
             out.push(b']');
         }
-        (Value::Object(m), Ty::Msg(fields)) => {
-            out.push(b'{');
-            let mut first = true;
-            let mut done = Vec::with_capacity(m.len());
-            struct_fields(out, m, fields, &mut first, &mut done);
-            rest(out, m, &mut first, &done);
-            out.push(b'}');
+        (Value::Object(m), Ty::Msg(i)) => {
+            let order = &orders()[i];
+            write_fields(out, m, |k| order.slot(k));
         }
         (Value::Object(m), Ty::Map(values)) => {
-            let value = values.map_or(UNKNOWN, Ty::Msg);
-            out.push(b'{');
-            let mut first = true;
-            for (k, v) in m {
-                key(out, &mut first, k);
-                write(out, v, value);
-            }
-            out.push(b'}');
+            write_sorted(out, m, values.map_or(UNKNOWN, Ty::Msg))
         }
-        (Value::Object(m), Ty::Unknown) => {
-            out.push(b'{');
-            let mut first = true;
-            for (k, v) in m {
-                key(out, &mut first, k);
-                write(out, v, UNKNOWN);
-            }
-            out.push(b'}');
-        }
+        (Value::Object(m), Ty::Unknown) => write_sorted(out, m, UNKNOWN),
         (scalar, _) => {
             let _ = serde_json::to_writer(&mut *out, scalar);
         }

@@ -79,10 +79,17 @@ pub(crate) const INLINE: &[&str] = &[
 ];
 
 pub(crate) fn fields_of(msg: &str) -> Option<&'static [Field]> {
-    MESSAGES
-        .binary_search_by(|(n, _)| (*n).cmp(msg))
-        .ok()
-        .map(|i| MESSAGES[i].1)
+    message_index(msg).map(|i| MESSAGES[i].1)
+}
+
+/// Where `msg` sits in the table: an index for [`fields_at`].
+pub(crate) fn message_index(msg: &str) -> Option<usize> {
+    MESSAGES.binary_search_by(|(n, _)| (*n).cmp(msg)).ok()
+}
+
+/// The fields of every message of the table, by index.
+pub(crate) fn all_fields() -> impl Iterator<Item = &'static [Field]> {
+    MESSAGES.iter().map(|(_, fields)| *fields)
 }
 
 struct Reader<'a> {
