@@ -160,9 +160,71 @@ fn grace_period(pod: &Value, asked: Option<i64>) -> i64 {
     g.max(0)
 }
 
-/// The pod's QoS class, kube-util's as the agent's; a pod that does not
-/// read as one is refused by validation after this.
+/// The pod's QoS class, kube-util's as the agent's. Only the resources
+/// decide it, so only they are read into the typed model: reading the
+/// whole pod cost a deep copy of it on every create. A pod whose resources
+/// do not read is refused by validation after this.
 fn qos_class(obj: &Value) -> &'static str {
-    serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(obj.clone())
-        .map_or("BestEffort", |p| kube_util::qos::qos_class(&p).as_str())
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+    let spec = &obj["spec"];
+    let resources = |v: &Value| {
+        v.get("resources")
+            .and_then(|r| serde_json::from_value::<ResourceRequirements>(r.clone()).ok())
+    };
+    let containers = |key: &str| -> Vec<Container> {
+        spec[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| Container {
+                resources: resources(c),
+                ..Container::default()
+            })
+            .collect()
+    };
+    let pod = Pod {
+        spec: Some(PodSpec {
+            containers: containers("containers"),
+            init_containers: Some(containers("initContainers")),
+            resources: resources(spec),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    kube_util::qos::qos_class(&pod).as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qos_class;
+    use serde_json::json;
+
+    #[test]
+    fn qos_class_reads_the_resources_of_every_container() {
+        let pod = |spec| json!({"apiVersion": "v1", "kind": "Pod", "spec": spec});
+        let c = |resources| json!({"name": "c", "image": "i", "resources": resources});
+        let both = json!({"cpu": "500m", "memory": "64Mi"});
+        assert_eq!(
+            qos_class(&pod(json!({"containers": [c(json!({}))]}))),
+            "BestEffort"
+        );
+        assert_eq!(qos_class(&json!({"kind": "Pod"})), "BestEffort");
+        // Requests default to limits.
+        let limited = c(json!({"limits": both}));
+        assert_eq!(
+            qos_class(&pod(json!({"containers": [limited]}))),
+            "Guaranteed"
+        );
+        let requested = c(json!({"requests": {"cpu": "1"}}));
+        assert_eq!(
+            qos_class(&pod(json!({"containers": [requested]}))),
+            "Burstable"
+        );
+        // An init container without limits makes a limited pod Burstable.
+        let spec = json!({"containers": [limited], "initContainers": [requested]});
+        assert_eq!(qos_class(&pod(spec)), "Burstable");
+        // Pod-level resources decide alone.
+        let spec = json!({"containers": [requested], "resources": {"limits": both}});
+        assert_eq!(qos_class(&pod(spec)), "Guaranteed");
+    }
 }
