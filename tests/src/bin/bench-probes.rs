@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use cri_proto::{v1, CriClient};
 use skiff_tests::agent::{pods, Agent, AgentOptions};
 use skiff_tests::rawcri::pct;
@@ -130,30 +130,12 @@ async fn main() -> Result<()> {
     let raw = raw_probes(&cri, &targets, window, a.http, a.exec).await;
     let self_cpu =
         (cpu_ticks(std::process::id())? - self0) / CLK_TCK / r0.elapsed().as_secs_f64() * 100.0;
-    // A side that completed nothing has no latency to compare: say why
-    // rather than print ratios against zero.
     for (kind, on, agent_n, raw_side) in [
         ("exec", a.exec, exec_h.count, &raw.exec),
         ("http", a.http, http_h.count, &raw.http),
     ] {
-        if !on {
-            continue;
-        }
-        if agent_n < 1.0 {
-            bail!(
-                "the agent ran no {kind} probe in the {} s window ({} pods listed as targets)",
-                a.seconds,
-                targets.len()
-            );
-        }
-        if raw_side.ok.is_empty() {
-            bail!(
-                "the raw {kind} prober completed no probe in the {} s window over {} pods: {} failed{}",
-                a.seconds,
-                targets.len(),
-                raw_side.failed,
-                raw_side.first_error.as_deref().map(|e| format!(", the first with: {e}")).unwrap_or_default()
-            );
+        if on {
+            both_sides_measured(kind, agent_n, raw_side, a.seconds, targets.len())?;
         }
     }
     let (raw_exec, raw_http) = (raw.exec.ok, raw.http.ok);
@@ -265,6 +247,31 @@ async fn wait_ready(agent: &Agent, n: usize) -> Result<Vec<(String, String)>> {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// A side that completed nothing has no latency to compare: say why
+/// rather than print ratios against zero (the run then exits non-zero).
+fn both_sides_measured(
+    kind: &str,
+    agent_probes: f64,
+    raw: &Outcomes,
+    seconds: u64,
+    targets: usize,
+) -> Result<()> {
+    ensure!(
+        agent_probes >= 1.0,
+        "the agent ran no {kind} probe in the {seconds} s window ({targets} pods listed as targets)"
+    );
+    ensure!(
+        !raw.ok.is_empty(),
+        "the raw {kind} prober completed no probe in the {seconds} s window over {targets} pods: {} failed{}",
+        raw.failed,
+        raw.first_error
+            .as_deref()
+            .map(|e| format!(", the first with: {e}"))
+            .unwrap_or_default()
+    );
+    Ok(())
 }
 
 /// What one kind of raw probe gave: the latencies of those that passed,
@@ -504,4 +511,28 @@ fn buckets(text: &str, probe_type: &str) -> HashMap<u64, f64> {
         *m.entry(le.to_bits()).or_insert(0.0) += v;
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_ratio_over_a_side_that_measured_nothing() {
+        let mut raw = Outcomes::default();
+        raw.record(Err("exit code 126".into()));
+        raw.record(Err("exit code 127".into()));
+        let e = both_sides_measured("exec", 50.0, &raw, 60, 100).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the raw exec prober completed no probe in the 60 s window over 100 pods: 2 failed, the first with: exit code 126"
+        );
+        let e = both_sides_measured("http", 0.0, &raw, 60, 100).unwrap_err();
+        assert!(
+            e.to_string().starts_with("the agent ran no http probe"),
+            "{e}"
+        );
+        raw.record(Ok(Duration::from_millis(3)));
+        both_sides_measured("exec", 50.0, &raw, 60, 100).unwrap();
+    }
 }
