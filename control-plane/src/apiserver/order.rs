@@ -140,33 +140,29 @@ fn write_fields(out: &mut Vec<u8>, m: &Map<String, Value>, slot: impl Fn(&str) -
         })
         .collect();
     entries.sort_by_key(|(at, _, _, _)| *at);
-    out.push(b'{');
-    for (i, (_, k, v, ty)) in entries.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        key(out, k);
-        write(out, v, ty);
-    }
-    out.push(b'}');
+    write_entries(out, entries.into_iter().map(|(_, k, v, ty)| (k, v, ty)));
 }
 
 /// The entries of `m` in its own (sorted) order, every value of type `ty`.
 fn write_sorted(out: &mut Vec<u8>, m: &Map<String, Value>, ty: Ty) {
+    write_entries(out, m.iter().map(|(k, v)| (k, v, ty)));
+}
+
+/// One JSON object of these entries, in this order.
+fn write_entries<'a>(
+    out: &mut Vec<u8>,
+    entries: impl Iterator<Item = (&'a String, &'a Value, Ty)>,
+) {
     out.push(b'{');
-    for (i, (k, v)) in m.iter().enumerate() {
+    for (i, (k, v, ty)) in entries.enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        key(out, k);
+        let _ = serde_json::to_writer(&mut *out, k);
+        out.push(b':');
         write(out, v, ty);
     }
     out.push(b'}');
-}
-
-fn key(out: &mut Vec<u8>, k: &str) {
-    let _ = serde_json::to_writer(&mut *out, k);
-    out.push(b':');
 }
 
 fn write(out: &mut Vec<u8>, v: &Value, ty: Ty) {

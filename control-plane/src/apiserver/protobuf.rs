@@ -82,7 +82,7 @@ pub(crate) fn fields_of(msg: &str) -> Option<&'static [Field]> {
     message_index(msg).map(|i| MESSAGES[i].1)
 }
 
-/// Where `msg` sits in the table: an index for [`fields_at`].
+/// Where `msg` sits in the table: its place in [`all_fields`].
 pub(crate) fn message_index(msg: &str) -> Option<usize> {
     MESSAGES.binary_search_by(|(n, _)| (*n).cmp(msg)).ok()
 }
