@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+bash scripts/test-deps.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 
 # Build everything first so the e2e tests find the binaries they run.

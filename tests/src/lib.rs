@@ -31,6 +31,8 @@
 //!   systemd-logind, for graceful node shutdown.
 //! - [`pid1`]: a real systemd as PID 1 of a private nspawn container that
 //!   shares nothing writable with the host.
+//! - [`python`]: scripts of `tests/python/` run with the official Python
+//!   client (pinned, installed by `scripts/test-deps.sh`) against a cluster.
 //! - [`cleanup`]: teardown in dependency order (CRI, containerd, runc,
 //!   shims, mounts, netns, bridge, iptables/nft, directory, subnet lease),
 //!   run from `Drop` even after a panic, and a sweeper that tears down runs
@@ -51,6 +53,7 @@ pub mod join;
 pub mod logind;
 pub mod netns;
 pub mod pid1;
+pub mod python;
 pub mod rawcri;
 pub mod registry;
 

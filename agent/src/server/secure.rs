@@ -37,6 +37,9 @@ pub fn router(state: ServerState, authorizer: Arc<Authorizer>) -> Router {
         // Handlers of other modules plug in here, each `routes(state)`:
         .merge(super::logs::routes(state.clone()))
         .merge(super::stats::routes(state.clone()))
+        .merge(super::configz::routes(state.clone()))
+        .merge(super::tunnel::routes(state.clone()))
+        .merge(super::syslogs::routes())
         .layer(middleware::from_fn_with_state(authorizer, guard))
 }
 

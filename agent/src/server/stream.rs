@@ -5,8 +5,8 @@
 //! The stream protocol itself is spoken between the caller and the runtime;
 //! the exit code travels in it. Two upgrades the runtime cannot serve end
 //! here instead: exec/attach over WebSocket v5/v4.channel.k8s.io
-//! ([`super::wschannel`]) and port-forward over WebSocket
-//! ([`super::wstunnel`]).
+//! ([`super::wschannel`]) and port-forward over WebSocket, tunnelled SPDY
+//! ([`super::wstunnel`]) or channels ([`super::wsportforward`]).
 
 use std::collections::HashMap;
 
@@ -231,6 +231,9 @@ async fn forward_to(
     match call.await {
         Ok(r) if super::wstunnel::wanted(req.headers()) => {
             super::wstunnel::serve(&r.url, req).await
+        }
+        Ok(r) if super::wsportforward::wanted(req.headers()) => {
+            super::wsportforward::serve(&r.url, req).await
         }
         Ok(r) => pass_through(&r.url, req).await,
         Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),

@@ -8,7 +8,7 @@
 //! channel, named by its `streamType` header), as upstream's API server
 //! translates for kubelets that cannot speak WebSocket.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
@@ -18,17 +18,16 @@ use bytes::{BufMut as _, Bytes, BytesMut};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
 use hyper_util::rt::TokioIo;
-use tokio::io::{
-    AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadHalf, WriteHalf,
-};
-use tokio::sync::{mpsc, Notify};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
-use super::spdy::{self, Frame};
+use super::spdy::Frame;
+use super::spdyclient::{self, Credit, Reader, Session, SessionError, Windows};
 
 /// The WebSocket subprotocols served here, most preferred first.
 pub const V5: &str = "v5.channel.k8s.io";
@@ -118,7 +117,7 @@ pub async fn serve(
         Ok(io) => io,
         Err(r) => return r,
     };
-    let session = match tokio::time::timeout(OPEN_TIMEOUT, Session::open(runtime, streams)).await {
+    let (session, ids) = match tokio::time::timeout(OPEN_TIMEOUT, open(runtime, streams)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             return (
@@ -142,7 +141,7 @@ pub async fn serve(
             Ok(io) => {
                 let ws =
                     WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, None).await;
-                bridge(ws, session, protocol == V5).await;
+                bridge(ws, session, ids, protocol == V5).await;
             }
             Err(e) => tracing::debug!(error = %e, "remote command websocket upgrade failed"),
         }
@@ -150,192 +149,36 @@ pub async fn serve(
     super::upgrade::switching_protocols(&key, protocol)
 }
 
-#[derive(Debug, thiserror::Error)]
-enum SessionError {
-    #[error(transparent)]
-    Spdy(#[from] spdy::Error),
-    #[error("runtime connection: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("the runtime closed the connection")]
-    Closed,
-    #[error("the runtime refused stream {0} (status {1})")]
-    Refused(u32, u32),
-}
-
-/// The incoming half of the SPDY session.
-struct Reader<T> {
-    rx: ReadHalf<T>,
-    buf: BytesMut,
-    dec: spdy::Decoder,
-}
-
-impl<T: AsyncRead> Reader<T> {
-    /// The next frame; None at the end of the connection.
-    async fn next(&mut self) -> Result<Option<Frame>, SessionError> {
-        loop {
-            if let Some(f) = self.dec.decode(&mut self.buf)? {
-                return Ok(Some(f));
-            }
-            if self.buf.capacity() - self.buf.len() < 16 * 1024 {
-                self.buf.reserve(64 * 1024);
-            }
-            if self.rx.read_buf(&mut self.buf).await? == 0 {
-                return Ok(None);
-            }
-        }
-    }
-}
-
-/// A remote-command SPDY session whose streams the runtime accepted, over
-/// the runtime's connection `T`.
-struct Session<T> {
-    reader: Reader<T>,
-    tx: WriteHalf<T>,
-    ids: Ids,
-    /// Frames read while waiting for the replies, handled later.
-    early: Vec<Frame>,
-}
-
-impl<T: AsyncRead + AsyncWrite> Session<T> {
-    /// Create the streams as upstream's v4 client does (error, then
-    /// stdin, stdout, stderr, and resize for a terminal) and wait until
-    /// the runtime has replied to each.
-    async fn open(io: T, s: Streams) -> Result<Session<T>, SessionError> {
-        let (rx, mut tx) = tokio::io::split(io);
-        let mut reader = Reader {
-            rx,
-            buf: BytesMut::with_capacity(64 * 1024),
-            dec: spdy::Decoder::new(),
-        };
-        let mut enc = spdy::Encoder::new()?;
-        let mut next_id = 1u32;
-        let mut out = BytesMut::new();
-        let mut open = |kind: &str, out: &mut BytesMut| -> Result<u32, SessionError> {
-            let stream = next_id;
-            next_id += 2;
-            enc.encode(
-                &Frame::SynStream {
-                    stream,
-                    fin: false,
-                    headers: vec![("streamtype".into(), kind.into())],
-                },
-                out,
-            )?;
-            Ok(stream)
-        };
-        let error = open("error", &mut out)?;
-        let mut opt =
-            |on: bool, kind: &str, out: &mut BytesMut| -> Result<Option<u32>, SessionError> {
-                if on {
-                    open(kind, out).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-        let stdin = opt(s.stdin, "stdin", &mut out)?;
-        let stdout = opt(s.stdout, "stdout", &mut out)?;
-        let stderr = opt(s.stderr && !s.tty, "stderr", &mut out)?;
-        let resize = opt(s.tty, "resize", &mut out)?;
-        let ids = Ids {
-            error,
-            stdin,
-            stdout,
-            stderr,
-            resize,
-        };
-        tx.write_all(&out).await?;
-        tx.flush().await?;
-
-        let mut waiting: Vec<u32> = [Some(error), stdin, stdout, stderr, resize]
-            .into_iter()
-            .flatten()
-            .collect();
-        let mut early = Vec::new();
-        while !waiting.is_empty() {
-            let frame = reader.next().await?.ok_or(SessionError::Closed)?;
-            match frame {
-                Frame::SynReply { stream, .. } => waiting.retain(|id| *id != stream),
-                Frame::RstStream { stream, status } if waiting.contains(&stream) => {
-                    return Err(SessionError::Refused(stream, status))
-                }
-                Frame::Ping(id) => {
-                    let mut b = BytesMut::new();
-                    enc.encode(&Frame::Ping(id), &mut b)?;
-                    tx.write_all(&b).await?;
-                }
-                other => early.push(other),
-            }
-        }
-        Ok(Session {
-            reader,
-            tx,
-            ids,
-            early,
-        })
-    }
-}
-
-/// The runtime's send window for stdin. The SPDY servers behind
-/// Kubernetes runtimes (spdystream) neither send WINDOW_UPDATE nor
-/// enforce windows, so it is only enforced once the runtime shows it
-/// does flow control (a WINDOW_UPDATE or an initial-window SETTINGS).
-struct Window {
-    state: Mutex<WindowState>,
-    changed: Notify,
-}
-
-struct WindowState {
-    enforced: bool,
-    session: i64,
-    stream: i64,
-    initial: i64,
-    closed: bool,
-}
-
-impl Window {
-    fn new() -> Window {
-        let w = i64::from(spdy::INITIAL_WINDOW);
-        Window {
-            state: Mutex::new(WindowState {
-                enforced: false,
-                session: w,
-                stream: w,
-                initial: w,
-                closed: false,
-            }),
-            changed: Notify::new(),
-        }
-    }
-
-    fn update(&self, f: impl FnOnce(&mut WindowState)) {
-        if let Ok(mut s) = self.state.lock() {
-            f(&mut s);
-        }
-        self.changed.notify_one();
-    }
-
-    /// Up to `want` bytes of credit; None once the stream is gone.
-    async fn take(&self, want: usize) -> Option<usize> {
-        loop {
-            {
-                let mut s = self.state.lock().ok()?;
-                if s.closed {
-                    return None;
-                }
-                if !s.enforced {
-                    return Some(want);
-                }
-                let avail = s.session.min(s.stream);
-                if avail > 0 {
-                    let n = want.min(avail as usize);
-                    s.session -= n as i64;
-                    s.stream -= n as i64;
-                    return Some(n);
-                }
-            }
-            self.changed.notified().await;
-        }
-    }
+/// Open the remote-command streams as upstream's v4 client does (error,
+/// then stdin, stdout, stderr, and resize for a terminal).
+async fn open<T: AsyncRead + AsyncWrite>(
+    io: T,
+    s: Streams,
+) -> Result<(Session<T>, Ids), SessionError> {
+    let wanted = [
+        ("error", true),
+        ("stdin", s.stdin),
+        ("stdout", s.stdout),
+        ("stderr", s.stderr && !s.tty),
+        ("resize", s.tty),
+    ];
+    let headers = wanted
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(kind, _)| vec![("streamtype".to_string(), kind.to_string())])
+        .collect();
+    let session = Session::open(io, headers).await?;
+    let mut ids = session.ids.iter().copied();
+    let mut next = |on: bool| if on { ids.next() } else { None };
+    let error = next(true).ok_or(SessionError::Closed)?;
+    let ids = Ids {
+        error,
+        stdin: next(s.stdin),
+        stdout: next(s.stdout),
+        stderr: next(s.stderr && !s.tty),
+        resize: next(s.tty),
+    };
+    Ok((session, ids))
 }
 
 /// Relay until the runtime has finished the streams (the status went out
@@ -346,52 +189,25 @@ impl Window {
 /// failing to write to the runtime (our window updates, stdin nobody
 /// reads) therefore ends neither the session nor the output, only the
 /// runtime's end decides it.
-async fn bridge<C, T>(ws: WebSocketStream<C>, session: Session<T>, v5: bool)
+async fn bridge<C, T>(ws: WebSocketStream<C>, session: Session<T>, ids: Ids, v5: bool)
 where
     C: AsyncRead + AsyncWrite + Unpin,
     T: AsyncRead + AsyncWrite,
 {
     let Session {
-        reader,
-        mut tx,
-        ids,
-        early,
+        reader, tx, early, ..
     } = session;
     let (ws_tx, ws_rx) = ws.split();
-    // Control frames (window updates, pings) never wait behind stdin.
-    let (ctl_tx, mut ctl_rx) = mpsc::unbounded_channel::<Frame>();
-    let (data_tx, mut data_rx) = mpsc::channel::<Frame>(8);
-    let window = Arc::new(Window::new());
-
-    let writer = async move {
-        // No header blocks are sent after the session is open: a fresh
-        // encoder's compression context is never used.
-        let Ok(mut enc) = spdy::Encoder::new() else {
-            return;
-        };
-        let mut buf = BytesMut::new();
-        loop {
-            let frame = tokio::select! {
-                biased;
-                Some(f) = ctl_rx.recv() => f,
-                Some(f) = data_rx.recv() => f,
-                else => break,
-            };
-            buf.clear();
-            if enc.encode(&frame, &mut buf).is_err() || tx.write_all(&buf).await.is_err() {
-                break;
-            }
-        }
-        let _ = tx.shutdown().await;
-    };
+    let (out, writer) = spdyclient::writer(tx);
+    let windows = Arc::new(Windows::default());
     // Driven beside the others; its end (the runtime stopped reading)
     // leaves them to finish.
     let writer = async {
         writer.await;
         std::future::pending::<()>().await
     };
-    let down = down(reader, early, ids, ws_tx, ctl_tx, window.clone());
-    let up = up(ws_rx, ids, data_tx, window, v5);
+    let down = down(reader, early, ids, ws_tx, out.ctl, windows.clone());
+    let up = up(ws_rx, ids, out.data, windows, v5);
     tokio::pin!(up);
     tokio::select! {
         _ = down => super::upgrade::linger(up).await,
@@ -401,14 +217,14 @@ where
 }
 
 /// The runtime's frames: output and status to the client, credit back
-/// for what was consumed, pings answered, window changes noted.
+/// for what was consumed; the rest as [`spdyclient::control`] does.
 async fn down<C: AsyncRead + AsyncWrite + Unpin, T: AsyncRead>(
     mut reader: Reader<T>,
     early: Vec<Frame>,
     ids: Ids,
     mut ws_tx: SplitSink<WebSocketStream<C>, Message>,
     ctl: mpsc::UnboundedSender<Frame>,
-    window: Arc<Window>,
+    windows: Arc<Windows>,
 ) {
     let mut early = early.into_iter();
     // Channels still open on the runtime's side.
@@ -416,10 +232,7 @@ async fn down<C: AsyncRead + AsyncWrite + Unpin, T: AsyncRead>(
         .into_iter()
         .flatten()
         .collect();
-    // Bytes consumed and not yet credited back, session and per stream.
-    let mut unacked_session = 0u32;
-    let mut unacked: Vec<(u32, u32)> = Vec::new();
-    let half = spdy::INITIAL_WINDOW / 2;
+    let mut credit = Credit::default();
     while !open.is_empty() {
         let frame = match early.next() {
             Some(f) => f,
@@ -432,84 +245,23 @@ async fn down<C: AsyncRead + AsyncWrite + Unpin, T: AsyncRead>(
                 }
             },
         };
-        match frame {
-            Frame::Data { stream, fin, data } => {
-                let len = data.len() as u32;
-                if let (Some(ch), true) = (ids.channel(stream), len > 0) {
-                    let mut m = BytesMut::with_capacity(1 + data.len());
-                    m.put_u8(ch);
-                    m.put_slice(&data);
-                    if ws_tx.send(Message::Binary(m.freeze())).await.is_err() {
+        match spdyclient::control(frame, &ctl, &windows) {
+            Some(Frame::Data { stream, fin, data }) => {
+                if let (Some(ch), false) = (ids.channel(stream), data.is_empty()) {
+                    if ws_tx
+                        .send(Message::Binary(channel_message(ch, &data)))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
-                if len > 0 {
-                    unacked_session += len;
-                    if unacked_session >= half {
-                        let _ = ctl.send(Frame::WindowUpdate {
-                            stream: 0,
-                            delta: unacked_session,
-                        });
-                        unacked_session = 0;
-                    }
-                    if !fin {
-                        let i = match unacked.iter().position(|(s, _)| *s == stream) {
-                            Some(i) => i,
-                            None => {
-                                unacked.push((stream, 0));
-                                unacked.len() - 1
-                            }
-                        };
-                        unacked[i].1 += len;
-                        if unacked[i].1 >= half {
-                            let _ = ctl.send(Frame::WindowUpdate {
-                                stream,
-                                delta: unacked[i].1,
-                            });
-                            unacked[i].1 = 0;
-                        }
-                    }
-                }
+                credit.read(stream, data.len() as u32, fin, &ctl);
                 if fin {
                     open.retain(|id| *id != stream);
                 }
             }
-            Frame::RstStream { stream, .. } => {
-                open.retain(|id| *id != stream);
-                if Some(stream) == ids.stdin {
-                    window.update(|w| w.closed = true);
-                }
-            }
-            Frame::Ping(id) => {
-                let _ = ctl.send(Frame::Ping(id));
-            }
-            Frame::WindowUpdate { stream, delta } => {
-                let delta = i64::from(delta);
-                window.update(|w| {
-                    w.enforced = true;
-                    if stream == 0 {
-                        w.session += delta;
-                    } else if Some(stream) == ids.stdin {
-                        w.stream += delta;
-                    }
-                });
-            }
-            Frame::Settings(entries) => {
-                for (_, id, value) in entries {
-                    if id == spdy::SETTINGS_INITIAL_WINDOW_SIZE {
-                        let value = i64::from(value);
-                        window.update(|w| {
-                            w.enforced = true;
-                            w.stream += value - w.initial;
-                            w.initial = value;
-                        });
-                    }
-                }
-            }
-            Frame::SynStream { stream, .. } => {
-                // The runtime has no business opening streams here.
-                let _ = ctl.send(Frame::RstStream { stream, status: 3 });
-            }
+            Some(Frame::RstStream { stream, .. }) => open.retain(|id| *id != stream),
             // GOAWAY: no new streams; the open ones still finish.
             _ => {}
         }
@@ -524,6 +276,26 @@ async fn down<C: AsyncRead + AsyncWrite + Unpin, T: AsyncRead>(
     let _ = ws_tx.close().await;
 }
 
+/// A message of channel `ch` carrying `data`.
+pub(super) fn channel_message(ch: u8, data: &[u8]) -> Bytes {
+    let mut m = BytesMut::with_capacity(1 + data.len());
+    m.put_u8(ch);
+    m.put_slice(data);
+    m.freeze()
+}
+
+/// The payload of a client's message: binary and text messages alike (the
+/// Python client writes stdin as text), the first byte naming the
+/// channel; None when the client is gone.
+pub(super) fn client_payload(msg: Result<Message, WsError>) -> Option<Option<Bytes>> {
+    match msg {
+        Ok(Message::Binary(b)) => Some(Some(b)),
+        Ok(Message::Text(t)) => Some(Some(Bytes::from(t))),
+        Ok(Message::Close(_)) | Err(_) => None,
+        Ok(_) => Some(None),
+    }
+}
+
 /// The client's messages: stdin and resize to their SPDY streams, and
 /// (v5) stdin's close as a FIN; until the client closes, even once the
 /// runtime takes no more (what it sends then is dropped).
@@ -531,16 +303,16 @@ async fn up<C: AsyncRead + AsyncWrite + Unpin>(
     mut ws_rx: SplitStream<WebSocketStream<C>>,
     ids: Ids,
     data: mpsc::Sender<Frame>,
-    window: Arc<Window>,
+    windows: Arc<Windows>,
     v5: bool,
 ) {
     let mut stdin_open = ids.stdin.is_some();
     let mut runtime_open = true;
     while let Some(msg) = ws_rx.next().await {
-        let b = match msg {
-            Ok(Message::Binary(b)) => b,
-            Ok(Message::Close(_)) | Err(_) => break,
-            Ok(_) => continue,
+        let b = match client_payload(msg) {
+            Some(Some(b)) => b,
+            Some(None) => continue,
+            None => break,
         };
         let Some((&ch, payload)) = b.split_first() else {
             continue;
@@ -550,22 +322,10 @@ async fn up<C: AsyncRead + AsyncWrite + Unpin>(
         }
         match (ch, ids.stdin, ids.resize) {
             (STDIN, Some(stream), _) if stdin_open => {
-                let mut rest = b.slice(1..);
-                while !rest.is_empty() {
-                    let Some(n) = window.take(rest.len().min(MAX_DATA)).await else {
-                        stdin_open = false;
-                        break;
-                    };
-                    let chunk = rest.split_to(n);
-                    let f = Frame::Data {
-                        stream,
-                        fin: false,
-                        data: chunk,
-                    };
-                    if data.send(f).await.is_err() {
-                        runtime_open = false;
-                        break;
-                    }
+                match send_data(&data, &windows, stream, b.slice(1..)).await {
+                    Sent::All => {}
+                    Sent::StreamGone => stdin_open = false,
+                    Sent::RuntimeGone => runtime_open = false,
                 }
             }
             (RESIZE, _, Some(stream)) => {
@@ -590,10 +350,43 @@ async fn up<C: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// How far [`send_data`] got.
+pub(super) enum Sent {
+    All,
+    /// The runtime reset the stream.
+    StreamGone,
+    /// The runtime stopped reading.
+    RuntimeGone,
+}
+
+/// `rest` to `stream` in frames the runtime's window allows.
+pub(super) async fn send_data(
+    data: &mpsc::Sender<Frame>,
+    windows: &Windows,
+    stream: u32,
+    mut rest: Bytes,
+) -> Sent {
+    while !rest.is_empty() {
+        let Some(n) = windows.take(stream, rest.len().min(MAX_DATA)).await else {
+            return Sent::StreamGone;
+        };
+        let f = Frame::Data {
+            stream,
+            fin: false,
+            data: rest.split_to(n),
+        };
+        if data.send(f).await.is_err() {
+            return Sent::RuntimeGone;
+        }
+    }
+    Sent::All
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::duplex;
+    use crate::server::spdy;
+    use tokio::io::{duplex, AsyncReadExt as _, AsyncWriteExt as _};
 
     /// A runtime that accepts the streams, writes `output` on stdout and
     /// an exit status on the error stream, and hangs up at once, as
@@ -660,13 +453,13 @@ mod tests {
             stderr: true,
             tty: false,
         };
-        let session = Session::open(agent_rt, streams).await.unwrap();
+        let (session, ids) = open(agent_rt, streams).await.unwrap();
         runtime.await.unwrap();
 
         // A narrow pipe to the client: the output queues here.
         let (agent_ws, client) = duplex(4 * 1024);
         let server = WebSocketStream::from_raw_socket(agent_ws, Role::Server, None).await;
-        let bridge = tokio::spawn(bridge(server, session, true));
+        let bridge = tokio::spawn(bridge(server, session, ids, true));
         let mut client = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
         client
             .send(Message::Binary(Bytes::from_static(b"\x00some stdin")))

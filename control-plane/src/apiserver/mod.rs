@@ -26,6 +26,7 @@ pub mod defaults;
 pub mod discovery;
 pub mod handlers;
 pub mod health;
+pub mod httpproxy;
 pub mod inflight;
 pub mod ipalloc;
 pub mod model;
@@ -350,6 +351,9 @@ impl ApiServer {
                 }
                 if def.node_serves(p.subresource.as_deref()) && p.name.is_some() {
                     let (ns, name) = (p.namespace.unwrap_or_default(), p.name.unwrap_or_default());
+                    if p.subresource.as_deref() == Some("proxy") {
+                        return httpproxy::proxy(self, def, &ns, &name, parts, body).await;
+                    }
                     return nodeproxy::proxy(self, def, &ns, &name, parts, body).await;
                 }
                 let body = read_body(&parts.headers, body).await?;

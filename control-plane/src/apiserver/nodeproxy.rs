@@ -71,11 +71,7 @@ pub(crate) async fn proxy(
             "pod {name} does not have a host assigned"
         )));
     }
-    let node = read(api, &format!("/registry/core/nodes/{node_name}"))
-        .await?
-        .ok_or_else(|| ApiError::not_found("", "nodes", node_name))?;
-    let (host, port) = node_address(&node)
-        .ok_or_else(|| ApiError::unavailable(format!("node {node_name:?} reports no address")))?;
+    let (host, port) = node_server(api, node_name).await?;
 
     let mut query: Vec<(String, String)> =
         form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
@@ -106,11 +102,9 @@ pub(crate) async fn proxy(
         target = format!("{target}?{q}");
     }
     tracing::debug!(pod = %format!("{ns}/{name}"), node = node_name, %host, port, target, "proxying to node");
-    let tls =
-        api.node_tls.get().cloned().ok_or_else(|| {
-            ApiError::unavailable("the API server has no kubelet client certificate")
-        })?;
-    forward(tls, &host, port, &target, parts, body)
+    let tls = kubelet_tls(api)?;
+    let resource = format!("pods/{sub}");
+    let resp = forward(tls, &host, port, &target, parts, body)
         .await
         .map_err(|e| {
             ApiError::new(
@@ -118,10 +112,67 @@ pub(crate) async fn proxy(
                 "InternalError",
                 format!("error dialing backend: node {node_name:?} ({host}:{port}): {e}"),
             )
-        })
+        })?;
+    let code = resp.status().as_u16();
+    if code == 101 || (200..=206).contains(&code) {
+        return Ok(resp);
+    }
+    // Upstream's GenericHttpResponseChecker caps what it reads alike.
+    let text = axum::body::to_bytes(resp.into_body(), 50_000)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
+        .unwrap_or_default();
+    Err(node_refusal(code, &resource, name, text))
 }
 
-async fn read(api: &ApiServer, key: &str) -> ApiResult<Option<Value>> {
+/// A node's refusal as the Status upstream's API server makes of it
+/// (GenericHttpResponseChecker): the node answers in plain text, clients
+/// parse every error body as a Status.
+fn node_refusal(code: u16, resource: &str, name: &str, text: String) -> ApiError {
+    let reason = match code {
+        400 => return ApiError::bad_request(text),
+        500 => return ApiError::internal(text),
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        406 => "NotAcceptable",
+        409 => "Conflict",
+        410 => "Gone",
+        415 => "UnsupportedMediaType",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ if code >= 500 => "InternalError",
+        _ => "",
+    };
+    ApiError {
+        details: Some(serde_json::json!({"name": name, "kind": resource,
+            "causes": [{"reason": "UnexpectedServerResponse", "message": text}]})),
+        ..ApiError::new(code, reason, text.clone())
+    }
+}
+
+/// The node server of node `name`: its host and port.
+pub(super) async fn node_server(api: &ApiServer, name: &str) -> ApiResult<(String, u16)> {
+    let node = read(api, &format!("/registry/core/nodes/{name}"))
+        .await?
+        .ok_or_else(|| ApiError::not_found("", "nodes", name))?;
+    node_address(&node)
+        .ok_or_else(|| ApiError::unavailable(format!("node {name:?} reports no address")))
+}
+
+/// The TLS client towards node servers, with the kubelet-client
+/// certificate.
+pub(super) fn kubelet_tls(api: &ApiServer) -> ApiResult<Arc<rustls::ClientConfig>> {
+    api.node_tls
+        .get()
+        .cloned()
+        .ok_or_else(|| ApiError::unavailable("the API server has no kubelet client certificate"))
+}
+
+pub(super) async fn read(api: &ApiServer, key: &str) -> ApiResult<Option<Value>> {
     let kv = api
         .store
         .get(key)
@@ -133,7 +184,7 @@ async fn read(api: &ApiServer, key: &str) -> ApiResult<Option<Value>> {
 /// The node server's host and port: InternalIP first, then Hostname and
 /// ExternalIP (upstream's default `--kubelet-preferred-address-types`
 /// order, minus the DNS kinds).
-fn node_address(node: &Value) -> Option<(String, u16)> {
+pub(super) fn node_address(node: &Value) -> Option<(String, u16)> {
     let addrs = node["status"]["addresses"].as_array()?;
     let host = ["InternalIP", "Hostname", "ExternalIP"]
         .iter()
@@ -198,41 +249,69 @@ fn forwarded(name: &header::HeaderName) -> bool {
 
 /// Send the request to `https://host:port/target` and relay the answer; a
 /// 101 splices the two upgraded connections.
-async fn forward(
+pub(super) async fn forward(
     tls: Arc<rustls::ClientConfig>,
     host: &str,
     port: u16,
     target: &str,
-    mut parts: Parts,
+    parts: Parts,
     body: Body,
 ) -> Result<Response<Body>, String> {
+    let stream = connect(tls, host, port).await?;
+    exchange(stream, &authority(host, port), target, parts, body).await
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+pub(super) fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// A TLS connection to `host:port`, within [`CONNECT_TIMEOUT`].
+pub(super) async fn connect(
+    tls: Arc<rustls::ClientConfig>,
+    host: &str,
+    port: u16,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
     let server_name = ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
     let connect = async {
         let tcp = tokio::net::TcpStream::connect((host, port))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("dial tcp {}: {e}", authority(host, port)))?;
         let _ = tcp.set_nodelay(true);
         tokio_rustls::TlsConnector::from(tls)
             .connect(server_name, tcp)
             .await
             .map_err(|e| format!("TLS: {e}"))
     };
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+    tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
-        .map_err(|_| format!("no connection in {CONNECT_TIMEOUT:?}"))??;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .map_err(|_| format!("no connection in {CONNECT_TIMEOUT:?}"))?
+}
+
+/// Send the request for `target` over `io` and relay the answer; a 101
+/// splices the caller's upgraded connection with `io`'s.
+pub(super) async fn exchange<T>(
+    io: T,
+    authority: &str,
+    target: &str,
+    mut parts: Parts,
+    body: Body,
+) -> Result<Response<Body>, String>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "node connection ended");
+            tracing::debug!(error = %e, "proxied connection ended");
         }
     });
-    let authority = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
     let mut out = http::Request::builder()
         .method(parts.method.clone())
         .uri(target)
@@ -249,23 +328,38 @@ async fn forward(
         return Ok(resp.map(Body::new));
     }
     let Some(client_upgrade) = client_upgrade else {
-        return Err("the node switched protocols on a request that cannot be upgraded".into());
+        return Err("the backend switched protocols on a request that cannot be upgraded".into());
     };
     let mut back = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
     for (k, v) in resp.headers() {
         back = back.header(k, v);
     }
-    let node_upgrade = hyper::upgrade::on(resp);
+    let backend_upgrade = hyper::upgrade::on(resp);
     tokio::spawn(async move {
-        match tokio::join!(client_upgrade, node_upgrade) {
-            (Ok(c), Ok(n)) => {
-                let (mut c, mut n) = (TokioIo::new(c), TokioIo::new(n));
-                let _ = tokio::io::copy_bidirectional(&mut c, &mut n).await;
+        match tokio::join!(client_upgrade, backend_upgrade) {
+            (Ok(c), Ok(b)) => {
+                let (mut c, mut b) = (TokioIo::new(c), TokioIo::new(b));
+                let _ = tokio::io::copy_bidirectional(&mut c, &mut b).await;
             }
-            (c, n) => tracing::debug!(client = ?c.err(), node = ?n.err(), "stream upgrade failed"),
+            (c, b) => {
+                tracing::debug!(client = ?c.err(), backend = ?b.err(), "stream upgrade failed")
+            }
         }
     });
     back.body(Body::empty()).map_err(|e| e.to_string())
+}
+
+/// A TLS client that checks no server certificate (see the module's
+/// caveats) and presents none: upstream's proxy transport towards pods
+/// and services skips verification alike.
+pub(super) fn insecure_tls() -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
 }
 
 /// Accepts any server certificate (see the module's caveats); signatures
@@ -322,6 +416,27 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn node_refusals_become_statuses() {
+        let e = node_refusal(400, "pods/log", "p", "container \"c\" is waiting".into());
+        assert_eq!((e.code, e.reason), (400, "BadRequest"));
+        assert_eq!(e.message, "container \"c\" is waiting");
+        let e = node_refusal(500, "pods/exec", "p", "boom".into());
+        assert_eq!((e.code, e.reason), (500, "InternalError"));
+        assert_eq!(e.message, "Internal error occurred: boom");
+        let e = node_refusal(404, "pods/portforward", "p", "pod does not exist".into());
+        let status = e.to_status();
+        assert_eq!(
+            (status["code"].as_u64(), status["reason"].as_str()),
+            (Some(404), Some("NotFound"))
+        );
+        assert_eq!(status["details"]["kind"], "pods/portforward");
+        assert_eq!(
+            node_refusal(502, "pods/log", "p", "x".into()).reason,
+            "InternalError"
+        );
+    }
 
     #[test]
     fn address_and_container_choice() {

@@ -70,7 +70,8 @@ pub fn parse_path(path: &str) -> Target {
         namespace = Some(rest[1].to_string());
         rest = &rest[2..];
     }
-    if rest.is_empty() || rest.len() > 3 {
+    // Past the subresource, only a proxy has more: the path it forwards.
+    if rest.is_empty() || (rest.len() > 3 && rest[2] != "proxy") {
         return Target::NonResource;
     }
     Target::Resource(ResourcePath {
@@ -193,5 +194,16 @@ mod tests {
         };
         assert!(p.watch_prefix);
         assert_eq!(parse_path("/healthz"), Target::NonResource);
+        let Target::Resource(p) = parse_path("/api/v1/nodes/n1/proxy/logs/apt/") else {
+            panic!()
+        };
+        assert_eq!(
+            (p.name.as_deref(), p.subresource.as_deref()),
+            (Some("n1"), Some("proxy"))
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/d/pods/p/log/extra"),
+            Target::NonResource
+        );
     }
 }

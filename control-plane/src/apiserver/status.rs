@@ -258,10 +258,32 @@ impl ApiError {
             "code": self.code,
         });
         if let Some(d) = &self.details {
-            v["details"] = d.clone();
+            let mut d = d.clone();
+            omit_empty(&mut d);
+            v["details"] = d;
+        }
+        if let Value::Object(m) = &mut v {
+            m.retain(|k, x| !(matches!(k.as_str(), "message" | "reason") && x == ""));
         }
         v
     }
+}
+
+/// Go's `omitempty` on StatusDetails and its causes: empty strings, zeros,
+/// empty lists and nulls are left out (a NotFound names no `group` of the
+/// core group).
+fn omit_empty(v: &mut Value) {
+    let Value::Object(m) = v else { return };
+    for causes in m.values_mut().filter_map(Value::as_array_mut) {
+        causes.iter_mut().for_each(omit_empty);
+    }
+    m.retain(|_, x| match x {
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::Null => false,
+        _ => true,
+    });
 }
 
 impl From<store::Error> for ApiError {
@@ -292,5 +314,16 @@ mod tests {
         );
         let e = ApiError::not_found("apps", "deployments", "d");
         assert_eq!(e.message, "deployments.apps \"d\" not found");
+    }
+
+    #[test]
+    fn empty_details_are_left_out_as_go_omits_them() {
+        let s = ApiError::not_found("", "pods", "p").to_status();
+        assert_eq!(s["details"], json!({"name": "p", "kind": "pods"}));
+        let s = ApiError::invalid("Pod", "", "p", vec![Cause::required("f")]).to_status();
+        assert!(s["details"].get("group").is_none(), "{s}");
+        assert_eq!(s["details"]["causes"][0]["field"], "f");
+        let s = ApiError::new(418, "", "teapot").to_status();
+        assert!(s.get("reason").is_none(), "{s}");
     }
 }

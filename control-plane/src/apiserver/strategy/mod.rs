@@ -94,8 +94,22 @@ pub enum Serve {
     /// The kind's own handler.
     Handler(Handler),
     /// The object's node (pods/log, exec, attach, portforward), through
-    /// [`super::nodeproxy`], before the request body is read.
+    /// [`super::nodeproxy`], or the backend it names (pods, services and
+    /// nodes `/proxy`), through [`super::httpproxy`]; before the request
+    /// body is read.
     Node,
+}
+
+/// `<resource>/proxy` of pods, services and nodes, with upstream's verbs
+/// and options kind.
+pub const fn proxy(kind: &'static str) -> Subresource {
+    Subresource {
+        name: "proxy",
+        kind,
+        group_version: None,
+        verbs: &["create", "delete", "get", "patch", "update"],
+        serve: Serve::Node,
+    }
 }
 
 /// The rules of one kind. Every hook has the default a kind without rules

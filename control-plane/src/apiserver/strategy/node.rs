@@ -3,14 +3,20 @@
 
 use serde_json::{json, Value};
 
-use super::Strategy;
+use super::{Strategy, Subresource};
 use crate::apiserver::objects;
 use crate::apiserver::table::{age_cell, name_cell, or_none, or_unknown, s, Col, AGE, NAME};
 use crate::apiserver::Req;
 
 pub struct Node;
 
+static SUBRESOURCES: &[Subresource] = &[super::proxy("NodeProxyOptions")];
+
 impl Strategy for Node {
+    fn subresources(&self) -> &'static [Subresource] {
+        SUBRESOURCES
+    }
+
     /// The agent registers its node with capacity and conditions: the
     /// status it creates the Node with is kept.
     fn prepare_for_create(&self, _r: &Req, _obj: &mut Value) {}

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{NameRule, Strategy};
+use super::{NameRule, Strategy, Subresource};
 use crate::apiserver::defaults::{obj_field, set};
 use crate::apiserver::ipalloc::{self, Allocation};
 use crate::apiserver::objects;
@@ -15,7 +15,13 @@ use crate::apiserver::{validation, ApiServer};
 
 pub struct Service;
 
+static SUBRESOURCES: &[Subresource] = &[super::proxy("ServiceProxyOptions")];
+
 impl Strategy for Service {
+    fn subresources(&self) -> &'static [Subresource] {
+        SUBRESOURCES
+    }
+
     fn prepare_for_create(&self, _r: &Req, obj: &mut Value) {
         obj["status"] = json!({"loadBalancer": {}});
     }

@@ -62,6 +62,7 @@ static SUBRESOURCES: &[Subresource] = &[
         verbs: &["create", "get"],
         serve: Serve::Node,
     },
+    super::proxy("PodProxyOptions"),
 ];
 
 impl Strategy for Pod {
