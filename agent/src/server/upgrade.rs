@@ -1,17 +1,22 @@
-//! The HTTP upgrade plumbing both WebSocket relays ([`super::wschannel`],
-//! [`super::wstunnel`]) and the streaming routes ([`super::stream`])
-//! share: reading offered protocols, the 101 that accepts a WebSocket, the
-//! SPDY/3.1 upgrade to the runtime's streaming server, and lingering for
-//! the client's close. Kept apart so that the relays need neither each
+//! The HTTP upgrade plumbing the WebSocket relays ([`super::wschannel`],
+//! [`super::wsportforward`], [`super::wstunnel`]) and the streaming routes
+//! ([`super::stream`]) share: reading offered protocols, the 101 that
+//! accepts a WebSocket, taking the client's WebSocket over once upgraded,
+//! the SPDY/3.1 upgrade to the runtime's streaming server, and lingering
+//! for the client's close. Kept apart so that the relays need neither each
 //! other nor the routes that call them.
 
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::WebSocketStream;
 
 /// How long a client has to answer our close with its own.
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
@@ -25,6 +30,55 @@ pub fn header_values(h: &HeaderMap, name: &str) -> Vec<String> {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect()
+}
+
+/// The first of `protocols` that `headers` offer on a WebSocket upgrade;
+/// None for other upgrades (SPDY) and other subprotocols.
+pub fn websocket_protocol(headers: &HeaderMap, protocols: &[&'static str]) -> Option<&'static str> {
+    let websocket = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !websocket {
+        return None;
+    }
+    let offered = header_values(headers, "sec-websocket-protocol");
+    protocols
+        .iter()
+        .copied()
+        .find(|p| offered.iter().any(|o| o == p))
+}
+
+/// The Sec-WebSocket-Accept for the request's key, or the 400 that a
+/// request without one gets.
+pub fn accept_key(headers: &HeaderMap) -> Result<String, Box<Response>> {
+    headers
+        .get("sec-websocket-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|k| derive_accept_key(k.as_bytes()))
+        .ok_or_else(|| {
+            Box::new((StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key").into_response())
+        })
+}
+
+/// Once the client's upgrade of `req` completes, `relay` the WebSocket
+/// (server side); `what` names the stream in the log when it does not.
+pub fn on_websocket<F, Fut>(req: &mut Request, what: &'static str, relay: F)
+where
+    F: FnOnce(WebSocketStream<Upgraded>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let client = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        match client.await {
+            Ok(io) => {
+                let ws =
+                    WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, None).await;
+                relay(ws).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "{what} websocket upgrade failed"),
+        }
+    });
 }
 
 /// The 101 that accepts a WebSocket upgrade with `protocol`; `key` is the

@@ -12,17 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut as _, Bytes, BytesMut};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
@@ -52,17 +50,7 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// offering one this module speaks; other upgrades (SPDY, older
 /// WebSocket protocols) are not taken over.
 pub fn wanted(headers: &HeaderMap) -> Option<&'static str> {
-    let upgrade = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    if !upgrade {
-        return None;
-    }
-    let offered = super::upgrade::header_values(headers, "sec-websocket-protocol");
-    [V5, V4]
-        .into_iter()
-        .find(|p| offered.iter().any(|o| o == p))
+    super::upgrade::websocket_protocol(headers, &[V5, V4])
 }
 
 /// The streams the runtime expects: what Exec/Attach were asked for.
@@ -105,13 +93,9 @@ pub async fn serve(
     streams: Streams,
     mut req: Request,
 ) -> Response {
-    let Some(key) = req
-        .headers()
-        .get("sec-websocket-key")
-        .and_then(|v| v.to_str().ok())
-        .map(|k| derive_accept_key(k.as_bytes()))
-    else {
-        return (StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key").into_response();
+    let key = match super::upgrade::accept_key(req.headers()) {
+        Ok(k) => k,
+        Err(r) => return *r,
     };
     let runtime = match super::upgrade::spdy_upgrade(url, SPDY_PROTOCOL).await {
         Ok(io) => io,
@@ -135,16 +119,8 @@ pub async fn serve(
         }
     };
     tracing::info!(protocol, "remote command over WebSocket {protocol}");
-    let client = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        match client.await {
-            Ok(io) => {
-                let ws =
-                    WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, None).await;
-                bridge(ws, session, ids, protocol == V5).await;
-            }
-            Err(e) => tracing::debug!(error = %e, "remote command websocket upgrade failed"),
-        }
+    super::upgrade::on_websocket(&mut req, "remote command", move |ws| {
+        bridge(ws, session, ids, protocol == V5)
     });
     super::upgrade::switching_protocols(&key, protocol)
 }
@@ -386,7 +362,9 @@ pub(super) async fn send_data(
 mod tests {
     use super::*;
     use crate::server::spdy;
+    use axum::http::header;
     use tokio::io::{duplex, AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio_tungstenite::tungstenite::protocol::Role;
 
     /// A runtime that accepts the streams, writes `output` on stdout and
     /// an exit status on the error stream, and hangs up at once, as

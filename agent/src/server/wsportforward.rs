@@ -12,15 +12,12 @@
 use std::sync::Arc;
 
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -36,14 +33,7 @@ const SPDY_PROTOCOL: &str = "portforward.k8s.io";
 
 /// Whether `headers` ask for a WebSocket upgrade offering [`PROTOCOL`].
 pub fn wanted(headers: &HeaderMap) -> bool {
-    let upgrade = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    upgrade
-        && super::upgrade::header_values(headers, "sec-websocket-protocol")
-            .iter()
-            .any(|p| p == PROTOCOL)
+    super::upgrade::websocket_protocol(headers, &[PROTOCOL]).is_some()
 }
 
 /// The ports asked for: every `port` (upstream's kubelet parameter) and
@@ -82,13 +72,9 @@ pub async fn serve(url: &str, mut req: Request) -> Response {
         Ok(p) => p,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
-    let Some(key) = req
-        .headers()
-        .get("sec-websocket-key")
-        .and_then(|v| v.to_str().ok())
-        .map(|k| derive_accept_key(k.as_bytes()))
-    else {
-        return (StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key").into_response();
+    let key = match super::upgrade::accept_key(req.headers()) {
+        Ok(k) => k,
+        Err(r) => return *r,
     };
     let runtime = match super::upgrade::spdy_upgrade(url, SPDY_PROTOCOL).await {
         Ok(io) => io,
@@ -102,16 +88,8 @@ pub async fn serve(url: &str, mut req: Request) -> Response {
         }
     };
     tracing::info!(?ports, "port-forward over WebSocket {PROTOCOL}");
-    let client = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        match client.await {
-            Ok(io) => {
-                let ws =
-                    WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, None).await;
-                bridge(ws, session, ports).await;
-            }
-            Err(e) => tracing::debug!(error = %e, "port-forward websocket upgrade failed"),
-        }
+    super::upgrade::on_websocket(&mut req, "port-forward", move |ws| {
+        bridge(ws, session, ports)
     });
     super::upgrade::switching_protocols(&key, PROTOCOL)
 }

@@ -7,17 +7,17 @@
 //! SPDY parsing (upstream's API server tunnels the same way).
 
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use futures::{SinkExt as _, StreamExt as _};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use super::upgrade::{header_values, linger, spdy_upgrade, switching_protocols, Upgraded};
+use super::upgrade::{
+    accept_key, linger, on_websocket, spdy_upgrade, switching_protocols, websocket_protocol,
+    Upgraded,
+};
 
 /// The WebSocket subprotocol of a tunnelled port-forward.
 pub const PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
@@ -26,43 +26,22 @@ const SPDY_PROTOCOL: &str = "portforward.k8s.io";
 
 /// Whether `headers` ask for a WebSocket upgrade offering [`PROTOCOL`].
 pub fn wanted(headers: &HeaderMap) -> bool {
-    let upgrade = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    upgrade
-        && header_values(headers, "sec-websocket-protocol")
-            .iter()
-            .any(|p| p == PROTOCOL)
+    websocket_protocol(headers, &[PROTOCOL]).is_some()
 }
 
 /// Accept the WebSocket, open a SPDY upgrade to the runtime's streaming
 /// `url`, and relay between them.
 pub async fn serve(url: &str, mut req: Request) -> Response {
-    let Some(key) = req
-        .headers()
-        .get("sec-websocket-key")
-        .and_then(|v| v.to_str().ok())
-        .map(|k| derive_accept_key(k.as_bytes()))
-    else {
-        return (StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key").into_response();
+    let key = match accept_key(req.headers()) {
+        Ok(k) => k,
+        Err(r) => return *r,
     };
     let runtime = match spdy_upgrade(url, SPDY_PROTOCOL).await {
         Ok(io) => io,
         Err(r) => return r,
     };
     tracing::info!("port-forward over a WebSocket tunnel");
-    let client = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        match client.await {
-            Ok(io) => {
-                let ws =
-                    WebSocketStream::from_raw_socket(TokioIo::new(io), Role::Server, None).await;
-                relay(ws, runtime).await;
-            }
-            Err(e) => tracing::debug!(error = %e, "port-forward websocket upgrade failed"),
-        }
-    });
+    on_websocket(&mut req, "port-forward", move |ws| relay(ws, runtime));
     switching_protocols(&key, PROTOCOL)
 }
 
