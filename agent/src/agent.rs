@@ -180,7 +180,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             client
                 .clone()
                 .map(|c| Arc::new(ObjectSource::new(c, OBJECT_TTL))),
-        ),
+        )
+        .with_tokens(client.clone().map(crate::volumes::token::TokenManager::new)),
         served_dns: serve_dns.then(|| pod_cidr.clone()),
     });
     let health = Arc::new(Health::default());

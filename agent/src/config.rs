@@ -155,6 +155,9 @@ settings! {
         #[arg(long, value_delimiter = ',')]
         #[serde(rename = "clusterDNS")]
         pub cluster_dns: Option<Vec<String>>,
+        /// Unsafe sysctls (names or prefixes ending in `*`) pods may set, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        pub allowed_unsafe_sysctls: Option<Vec<String>>,
         /// Cluster domain (cluster.local).
         #[arg(long)]
         pub cluster_domain: Option<String>,
@@ -310,6 +313,7 @@ impl Settings {
             backoff_reset: self.backoff_reset.unwrap_or(secs(600)),
             status_address: addr(self.status_address, ([127, 0, 0, 1], 10255).into()),
             cluster_dns: self.cluster_dns.unwrap_or_default(),
+            allowed_unsafe_sysctls: self.allowed_unsafe_sysctls.unwrap_or_default(),
             cluster_domain: self
                 .cluster_domain
                 .unwrap_or_else(|| "cluster.local".into()),
@@ -385,6 +389,9 @@ pub struct Config {
     /// kubelet's read-only port.
     pub status_address: Option<SocketAddr>,
     pub cluster_dns: Vec<String>,
+    /// Sysctls outside the safe set that pods may still set (the kubelet's
+    /// `--allowed-unsafe-sysctls`); others are refused at admission.
+    pub allowed_unsafe_sysctls: Vec<String>,
     pub cluster_domain: String,
     pub max_pods: u32,
     /// How often every pod is re-synced even without an event.

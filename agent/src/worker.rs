@@ -160,6 +160,14 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
             st.first_seen = None;
         }
     }
+    // Node admission (sysctls, AppArmor...) before anything is set up.
+    if rt.sandboxes.is_empty() {
+        let rejected = crate::runtime::admit::reject_if_refused(shared, pod, st.previous.as_ref());
+        if let Some(status) = rejected {
+            st.previous = Some(status);
+            return Ok(None);
+        }
+    }
     let volumes = setup_volumes(shared, pod).await;
     let now_ns = Timestamp::now().as_nanosecond() as i64;
     let mut plan = {

@@ -19,6 +19,8 @@ use crate::pki::{self, Pki};
 pub enum Error {
     #[error(transparent)]
     Pki(#[from] pki::Error),
+    #[error(transparent)]
+    ServiceAccountKeys(#[from] crate::auth::satoken::Error),
     #[error("building the {user} client: {source}")]
     Kubeconfig {
         user: &'static str,
@@ -112,6 +114,10 @@ pub async fn start(
                 key_pem: pki.ca_key_pem().to_string(),
             })),
             cluster_signing_duration: cfg.cluster_signing_duration,
+            root_ca_pem: Some(pki.ca_pem().to_string()),
+            token_signer: Some(Arc::new(crate::auth::satoken::Tokens::load(
+                &cfg.service_accounts,
+            )?)),
         };
         tasks.spawn(health.track(
             CONTROLLER_MANAGER,

@@ -42,6 +42,14 @@ pub struct Settings {
     pub service_cluster_ip_range: Option<String>,
     pub cluster_cidr: Option<String>,
     pub token_auth_file: Option<PathBuf>,
+    /// ServiceAccount tokens: issuers (the first signs), the audiences the
+    /// API accepts (default the issuers), the signing key, more keys that
+    /// verify, and the longest token TokenRequest issues (`48h`).
+    pub service_account_issuer: Option<Vec<String>>,
+    pub api_audiences: Option<Vec<String>>,
+    pub service_account_signing_key_file: Option<PathBuf>,
+    pub service_account_key_file: Option<Vec<PathBuf>>,
+    pub service_account_max_token_expiration: Option<String>,
     /// Extra names or addresses for the serving certificate.
     pub tls_san: Option<Vec<String>>,
     /// Do not run the scheduler in this process (k3s's flag).
@@ -80,6 +88,9 @@ pub struct Settings {
     /// kube-apiserver's audit `Policy` (`audit.k8s.io/v1`): which requests
     /// are logged, at which level.
     pub audit_policy_file: Option<PathBuf>,
+    /// kube-apiserver's `AdmissionConfiguration`: the PodSecurity plugin's
+    /// defaults and exemptions (checked when the server starts).
+    pub admission_control_config_file: Option<PathBuf>,
     /// Where audit events go, one JSON line each; `-` is stdout.
     pub audit_log_path: Option<String>,
     /// Days a rotated audit log is kept (`0` forever).
@@ -88,6 +99,20 @@ pub struct Settings {
     pub audit_log_maxbackup: Option<usize>,
     /// Megabytes before the audit log rotates (`0`: 100, upstream's).
     pub audit_log_maxsize: Option<u64>,
+    /// OIDC authentication of people (kube-apiserver's flags; see
+    /// `auth::authconfig`). `oidc-required-claim` entries are `key=value`.
+    pub oidc_issuer_url: Option<String>,
+    pub oidc_client_id: Option<String>,
+    pub oidc_username_claim: Option<String>,
+    pub oidc_username_prefix: Option<String>,
+    pub oidc_groups_claim: Option<String>,
+    pub oidc_groups_prefix: Option<String>,
+    pub oidc_ca_file: Option<PathBuf>,
+    pub oidc_required_claim: Option<Vec<String>>,
+    pub oidc_signing_algs: Option<Vec<String>>,
+    /// kube-apiserver's structured `AuthenticationConfiguration` (JWT
+    /// issuers); exclusive with the `oidc-*` settings.
+    pub authentication_config: Option<PathBuf>,
 }
 
 impl Settings {
@@ -103,6 +128,17 @@ impl Settings {
                 .or(other.service_cluster_ip_range),
             cluster_cidr: self.cluster_cidr.or(other.cluster_cidr),
             token_auth_file: self.token_auth_file.or(other.token_auth_file),
+            service_account_issuer: self.service_account_issuer.or(other.service_account_issuer),
+            api_audiences: self.api_audiences.or(other.api_audiences),
+            service_account_signing_key_file: self
+                .service_account_signing_key_file
+                .or(other.service_account_signing_key_file),
+            service_account_key_file: self
+                .service_account_key_file
+                .or(other.service_account_key_file),
+            service_account_max_token_expiration: self
+                .service_account_max_token_expiration
+                .or(other.service_account_max_token_expiration),
             tls_san: self.tls_san.or(other.tls_san),
             disable_scheduler: self.disable_scheduler.or(other.disable_scheduler),
             disable_controller_manager: self
@@ -140,10 +176,23 @@ impl Settings {
                 .encryption_provider_config
                 .or(other.encryption_provider_config),
             audit_policy_file: self.audit_policy_file.or(other.audit_policy_file),
+            admission_control_config_file: self
+                .admission_control_config_file
+                .or(other.admission_control_config_file),
             audit_log_path: self.audit_log_path.or(other.audit_log_path),
             audit_log_maxage: self.audit_log_maxage.or(other.audit_log_maxage),
             audit_log_maxbackup: self.audit_log_maxbackup.or(other.audit_log_maxbackup),
             audit_log_maxsize: self.audit_log_maxsize.or(other.audit_log_maxsize),
+            oidc_issuer_url: self.oidc_issuer_url.or(other.oidc_issuer_url),
+            oidc_client_id: self.oidc_client_id.or(other.oidc_client_id),
+            oidc_username_claim: self.oidc_username_claim.or(other.oidc_username_claim),
+            oidc_username_prefix: self.oidc_username_prefix.or(other.oidc_username_prefix),
+            oidc_groups_claim: self.oidc_groups_claim.or(other.oidc_groups_claim),
+            oidc_groups_prefix: self.oidc_groups_prefix.or(other.oidc_groups_prefix),
+            oidc_ca_file: self.oidc_ca_file.or(other.oidc_ca_file),
+            oidc_required_claim: self.oidc_required_claim.or(other.oidc_required_claim),
+            oidc_signing_algs: self.oidc_signing_algs.or(other.oidc_signing_algs),
+            authentication_config: self.authentication_config.or(other.authentication_config),
         }
     }
 
@@ -175,6 +224,7 @@ pub struct Config {
     pub service_cidr: crate::apiserver::ipalloc::Cidr,
     pub cluster_cidr: String,
     pub token_auth_file: Option<PathBuf>,
+    pub service_accounts: crate::auth::satoken::Settings,
     pub extra_sans: Vec<String>,
     pub disable_scheduler: bool,
     pub disable_controller_manager: bool,
@@ -203,6 +253,10 @@ pub struct Config {
     pub encryption_provider_config: Option<PathBuf>,
     /// The audit log (policy checked when the server starts); `None`: off.
     pub audit: Option<crate::apiserver::audit::Options>,
+    /// The `AdmissionConfiguration` file (`--admission-control-config-file`).
+    pub admission_control_config_file: Option<PathBuf>,
+    /// OIDC issuers trusted for people (checked when the server starts).
+    pub oidc: crate::auth::authconfig::Options,
 }
 
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/skiff-server";
@@ -268,8 +322,42 @@ impl Config {
                 why: "must be between 8 and 30".into(),
             });
         }
+        let data_dir: PathBuf = s
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        let service_accounts = crate::auth::satoken::Settings {
+            issuers: s.service_account_issuer.clone().unwrap_or_default(),
+            api_audiences: s.api_audiences.clone().unwrap_or_default(),
+            signing_key_file: s
+                .service_account_signing_key_file
+                .clone()
+                .unwrap_or_else(|| data_dir.join("pki").join("service-account.key")),
+            key_files: s.service_account_key_file.clone().unwrap_or_default(),
+            max_expiration: s
+                .service_account_max_token_expiration
+                .clone()
+                .map(|v| duration("service-account-max-token-expiration", Some(v), 0))
+                .transpose()?
+                .filter(|d| !d.is_zero()),
+        };
+        let oidc = crate::auth::authconfig::Options {
+            issuer_url: s.oidc_issuer_url.clone(),
+            client_id: s.oidc_client_id.clone(),
+            username_claim: s.oidc_username_claim.clone(),
+            username_prefix: s.oidc_username_prefix.clone(),
+            groups_claim: s.oidc_groups_claim.clone(),
+            groups_prefix: s.oidc_groups_prefix.clone(),
+            ca_file: s.oidc_ca_file.clone(),
+            required_claims: s.oidc_required_claim.clone().unwrap_or_default(),
+            signing_algs: s.oidc_signing_algs.clone().unwrap_or_default(),
+            authentication_config: s.authentication_config.clone(),
+        };
         Ok(Config {
             audit,
+            admission_control_config_file: s.admission_control_config_file.clone(),
+            oidc,
+            service_accounts,
             node_monitor_period: duration("node-monitor-period", s.node_monitor_period, 5)?,
             node_monitor_grace_period: duration(
                 "node-monitor-grace-period",
@@ -305,7 +393,7 @@ impl Config {
             default_unreachable_toleration_seconds: s
                 .default_unreachable_toleration_seconds
                 .unwrap_or(300),
-            data_dir: s.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+            data_dir,
             bind_address,
             secure_port: s.secure_port.unwrap_or(6443),
             datastore_endpoints,

@@ -56,7 +56,7 @@ pub struct CertKey {
     pub key_der: Vec<u8>,
 }
 
-fn write_file(path: &Path, data: &str, private: bool) -> Result<()> {
+pub(crate) fn write_file(path: &Path, data: &str, private: bool) -> Result<()> {
     let io = |source| Error::Io {
         what: "writing",
         path: path.display().to_string(),

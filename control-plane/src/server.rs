@@ -34,6 +34,9 @@ pub enum Error {
     },
     #[error("TLS configuration: {0}")]
     Tls(String),
+    /// A ServiceAccount key cannot be read, made or parsed.
+    #[error(transparent)]
+    ServiceAccountKeys(#[from] crate::auth::satoken::Error),
     #[error("opening the datastore: {0}")]
     Store(#[from] store::Error),
     /// `--encryption-provider-config` is unreadable or refused.
@@ -43,6 +46,12 @@ pub enum Error {
     /// cannot be opened.
     #[error("{0}")]
     Audit(#[from] crate::apiserver::audit::Error),
+    /// `--admission-control-config-file` is unreadable or refused.
+    #[error("admission control config: {0}")]
+    Admission(#[from] crate::apiserver::podsecurity::config::Error),
+    /// The OIDC flags or `--authentication-config` are refused.
+    #[error(transparent)]
+    Oidc(#[from] crate::auth::oidc::Error),
     #[error("bootstrapping the API: {0}")]
     Bootstrap(#[from] ApiError),
     #[error("creating {path}: {source}")]
@@ -158,6 +167,11 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     let store = encrypted(cfg, store)?;
     let metrics = Arc::new(Metrics::default());
     let audit = crate::apiserver::audit::Auditor::start(cfg.audit.as_ref(), metrics.audit())?;
+    let pod_security = match &cfg.admission_control_config_file {
+        Some(p) => crate::apiserver::podsecurity::Config::load(p)?,
+        None => Default::default(),
+    };
+    let oidc = oidc_authenticator(cfg)?;
     let pki = Pki::load_or_create(&cfg.data_dir)?;
     let addr = SocketAddr::new(cfg.bind_address, cfg.secure_port);
     let listener = TcpListener::bind(addr)
@@ -176,6 +190,23 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         sans.push(advertise_ip(cfg).to_string());
     }
     sans.extend(cfg.extra_sans.iter().cloned());
+    // Pods reach the API server as the `kubernetes` Service: by its
+    // ClusterIP and DNS names (upstream's kube-apiserver names them all).
+    // The certificate is issued anew at every start, so older ones gain them.
+    sans.extend(
+        [
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ]
+        .map(String::from),
+    );
+    sans.push(
+        crate::apiserver::ipalloc::Allocator::new(cfg.service_cidr)
+            .first()
+            .to_string(),
+    );
     let serving = pki.serving_cert(&sans)?;
     let tls = tls_config(&pki, &serving)?;
 
@@ -212,6 +243,13 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     api.set_kubelet_client(&pki.kubelet_client_cert()?)
         .map_err(|e| Error::Tls(format!("kubelet client certificate: {e}")))?;
     api.set_cluster_ca(pki.ca_pem());
+    api.set_pod_security(pod_security);
+    let sa_tokens = Arc::new(crate::auth::satoken::Tokens::load(&cfg.service_accounts)?);
+    api.set_service_account_tokens(sa_tokens);
+    if let Some(oidc) = oidc {
+        oidc.start();
+        api.set_oidc(oidc);
+    }
     api.start_background().await?;
     let compactor = cfg.compaction_interval.map(|interval| {
         tokio::spawn(store::compactor::run(
@@ -251,6 +289,17 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         task,
         compactor,
     })
+}
+
+/// The OIDC issuers trusted for people, if any (checked before anything
+/// listens). They may not claim a ServiceAccount issuer.
+fn oidc_authenticator(cfg: &Config) -> Result<Option<Arc<crate::auth::oidc::Oidc>>, Error> {
+    let mut sa_issuers = cfg.service_accounts.issuers.clone();
+    if sa_issuers.is_empty() {
+        sa_issuers.push(crate::auth::satoken::DEFAULT_ISSUER.into());
+    }
+    let oidc = crate::auth::oidc::Oidc::from_options(&cfg.oidc, &sa_issuers)?;
+    Ok((!oidc.is_empty()).then(|| Arc::new(oidc)))
 }
 
 fn tls_config(pki: &Pki, serving: &pki::CertKey) -> Result<rustls::ServerConfig, Error> {

@@ -26,6 +26,9 @@ pub struct TestServer {
     pub cfg: Config,
     /// When set, the server runs on this store instead of SQLite in `dir`.
     external_store: Option<Arc<dyn Store>>,
+    /// The controllers pods' admission depends on (`serviceaccount`,
+    /// `root-ca-cert-publisher`), as skiff-server runs them.
+    controllers: Option<tokio::task::JoinHandle<()>>,
 }
 
 fn install_crypto() {
@@ -69,6 +72,7 @@ impl TestServer {
             handle: None,
             cfg,
             external_store,
+            controllers: None,
         };
         s.boot().await;
         s
@@ -92,6 +96,31 @@ impl TestServer {
         // Restarts keep the port so kubeconfigs stay valid.
         self.cfg.secure_port = h.addr.port();
         self.handle = Some(h);
+        self.start_account_controllers().await;
+    }
+
+    /// Run the ServiceAccount controllers (pods are refused without their
+    /// namespace's `default` account) and wait for `default/default`.
+    async fn start_account_controllers(&mut self) {
+        let client = self.client().await;
+        let pki = Pki::load_or_create(&self.cfg.data_dir).expect("pki");
+        let config = skiff_controllers::Config {
+            controllers: vec!["serviceaccount".into(), "root-ca-cert-publisher".into()],
+            root_ca_pem: Some(pki.ca_pem().to_string()),
+            ..skiff_controllers::Config::default()
+        };
+        let c = client.clone();
+        self.controllers = Some(tokio::spawn(async move {
+            skiff_controllers::run(c, config, std::future::pending()).await;
+        }));
+        let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            kube::Api::namespaced(client, "default");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while accounts.get_opt("default").await.ok().flatten().is_none()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Stop (draining) and start again on the same port and data.
@@ -101,6 +130,9 @@ impl TestServer {
     }
 
     pub async fn stop(&mut self) {
+        if let Some(c) = self.controllers.take() {
+            c.abort();
+        }
         if let Some(h) = self.handle.take() {
             h.shutdown().await;
         }

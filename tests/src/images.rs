@@ -794,6 +794,56 @@ fn parse_digest(s: &str) -> Result<Digest> {
         .map_err(|e| anyhow!("invalid digest {s}: {e}"))
 }
 
+/// Name of [`kubectl`]'s image.
+pub const KUBECTL_IMAGE: &str = "skiff.test/kubectl:1.0";
+
+/// A real static kubectl: `$KUBECTL_IN_IMAGE`, else the first of these
+/// that exists (the Cloud SDK's versioned binaries are plain kubectl; its
+/// unversioned one is a dispatcher).
+const KUBECTL_CANDIDATES: &[&str] = &[
+    "/usr/local/bin/kubectl",
+    "/usr/lib/google-cloud-sdk/bin/kubectl.1.32",
+    "/usr/lib/google-cloud-sdk/bin/kubectl.1.33",
+    "/usr/bin/kubectl",
+];
+
+/// The toolbox plus `/usr/local/bin/kubectl`, for in-cluster clients
+/// (ServiceAccount tokens, KUBERNETES_SERVICE_HOST).
+///
+/// # Errors
+/// Fails when no static kubectl is found (or busybox is missing).
+pub fn kubectl() -> Result<OciImage> {
+    let from_env = std::env::var("KUBECTL_IN_IMAGE").ok();
+    let bin = from_env
+        .iter()
+        .map(String::as_str)
+        .chain(KUBECTL_CANDIDATES.iter().copied())
+        .find(|p| Path::new(p).is_file())
+        .context("no kubectl binary for the image (set KUBECTL_IN_IMAGE)")?
+        .to_string();
+    let layer = LayerBuilder::new()
+        .file(
+            "usr/local/bin/kubectl",
+            fs::read(&bin).with_context(|| format!("reading {bin}"))?,
+            0o755,
+        )
+        .build()?;
+    let toolbox = cached_layer(
+        {
+            static LAYER: OnceLock<Mutex<Option<Layer>>> = OnceLock::new();
+            &LAYER
+        },
+        toolbox_layer,
+    )?;
+    ImageBuilder::new(KUBECTL_IMAGE)
+        .layer(toolbox)
+        .layer(layer)
+        .env(TOOLBOX_PATH)
+        .cmd(["sh"])
+        .working_dir("/")
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::resources::{self, Which};
 use super::sandbox::namespace_options;
+use super::security::{self, ImageUser, NodeSecurity};
 use super::{downward, labels};
 use crate::pod::PodExt;
 use crate::volumes::objects::{EnvObjects, Kind};
@@ -35,6 +36,11 @@ pub struct ContainerContext<'a> {
     pub objects: Option<&'a EnvObjects>,
     /// The pod's volumes on the host, for `volumeMounts`.
     pub volumes: &'a PodVolumes,
+    /// The user the container's image runs as (CRI ImageStatus), or why
+    /// it could not be read: `runAsNonRoot` is checked against it.
+    pub image_user: Result<ImageUser, String>,
+    /// Seccomp root and AppArmor of the node.
+    pub node: NodeSecurity<'a>,
 }
 
 /// A stable hash of the container spec: when it changes, the container is
@@ -56,6 +62,11 @@ pub fn container_config(
     restart_count: u32,
     ctx: &ContainerContext,
 ) -> Result<v1::ContainerConfig, ConfigError> {
+    // Refused before anything is written for the container, as the
+    // kubelet's `generateContainerConfig` checks runAsNonRoot first.
+    security::refuse_unsupported(pod, c).map_err(ConfigError)?;
+    let image_user = ctx.image_user.as_ref().map_err(String::as_str);
+    security::verify_run_as_non_root(pod, c, image_user).map_err(ConfigError)?;
     let env = resolve_env(pod, c, ctx)?;
     let lookup: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let command = c
@@ -166,12 +177,12 @@ pub fn container_config(
         stdin: c.stdin.unwrap_or(false),
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
-        linux: Some(linux_config(pod, c)),
+        linux: Some(linux_config(pod, c, ctx)),
         ..Default::default()
     })
 }
 
-fn linux_config(pod: &Pod, c: &Container) -> v1::LinuxContainerConfig {
+fn linux_config(pod: &Pod, c: &Container, ctx: &ContainerContext) -> v1::LinuxContainerConfig {
     let cpu_req =
         resources::get(c, Which::Request, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
     let cpu_lim =
@@ -190,40 +201,9 @@ fn linux_config(pod: &Pod, c: &Container) -> v1::LinuxContainerConfig {
         memory_limit_in_bytes: mem_lim.unwrap_or(0),
         ..Default::default()
     };
-    let psc = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.security_context.clone())
-        .unwrap_or_default();
-    let sc = c.security_context.clone().unwrap_or_default();
-    let caps = sc.capabilities.clone().unwrap_or_default();
-    let security = v1::LinuxContainerSecurityContext {
-        capabilities: Some(v1::Capability {
-            add_capabilities: caps.add.unwrap_or_default(),
-            drop_capabilities: caps.drop.unwrap_or_default(),
-            ..Default::default()
-        }),
-        privileged: sc.privileged.unwrap_or(false),
-        namespace_options: Some(namespace_options(pod)),
-        run_as_user: sc
-            .run_as_user
-            .or(psc.run_as_user)
-            .map(|value| v1::Int64Value { value }),
-        run_as_group: sc
-            .run_as_group
-            .or(psc.run_as_group)
-            .map(|value| v1::Int64Value { value }),
-        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
-        supplemental_groups: psc
-            .supplemental_groups
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .chain(psc.fs_group)
-            .collect(),
-        no_new_privs: sc.allow_privilege_escalation == Some(false),
-        ..Default::default()
-    };
+    let mut security =
+        security::container_security(pod, c, ctx.image_user.as_ref().ok(), &ctx.node);
+    security.namespace_options = Some(namespace_options(pod));
     v1::LinuxContainerConfig {
         resources: Some(res),
         security_context: Some(security),
@@ -238,7 +218,12 @@ fn resolve_env(
     c: &Container,
     ctx: &ContainerContext,
 ) -> Result<Vec<(String, String)>, ConfigError> {
-    let mut out: Vec<(String, String)> = Vec::new();
+    // The API server's Service variables first: the pod's own may override
+    // them (the kubelet's service env map is the base).
+    let mut out: Vec<(String, String)> = ctx
+        .objects
+        .map(|o| o.service_env.clone())
+        .unwrap_or_default();
     let set = |out: &mut Vec<(String, String)>, name: &str, value: String| {
         out.retain(|(k, _)| k != name);
         out.push((name.to_string(), value));
@@ -548,6 +533,13 @@ pub fn expand(s: &str, vars: &HashMap<&str, &str>) -> String {
 mod tests {
     use super::*;
 
+    fn test_node() -> NodeSecurity<'static> {
+        NodeSecurity {
+            seccomp_root: Path::new("/var/lib/skiff-agent/seccomp"),
+            apparmor: false,
+        }
+    }
+
     #[test]
     fn expansion() {
         let vars = HashMap::from([("A", "1"), ("B", "two")]);
@@ -569,6 +561,8 @@ mod tests {
             container_dir: dir.path(),
             objects: None,
             volumes: &PodVolumes::new(),
+            image_user: Ok(ImageUser::default()),
+            node: test_node(),
         };
         let c = &pod.containers()[0];
         let cfg = container_config(&pod, c, 3, &ctx).unwrap();
@@ -605,6 +599,8 @@ mod tests {
             container_dir: dir.path(),
             objects: None,
             volumes: &PodVolumes::new(),
+            image_user: Ok(ImageUser::default()),
+            node: test_node(),
         };
         let e = container_config(&pod, &pod.containers()[0], 0, &ctx).unwrap_err();
         assert!(e.0.contains("configmap \"cm\" not found"), "{e}");
@@ -652,6 +648,8 @@ mod tests {
             container_dir: dir.path(),
             objects,
             volumes: &vols,
+            image_user: Ok(ImageUser::default()),
+            node: test_node(),
         };
         resolve_env(&pod, &pod.containers()[0], &ctx)
     }
@@ -746,6 +744,8 @@ mod tests {
             container_dir: &cdir,
             objects: None,
             volumes: &vols,
+            image_user: Ok(ImageUser::default()),
+            node: test_node(),
         };
         let cfg = container_config(&pod, &pod.containers()[0], 0, &ctx).unwrap();
         let m: HashMap<_, _> = cfg

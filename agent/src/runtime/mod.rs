@@ -2,12 +2,15 @@
 //! and container configs, observing a pod's runtime state, and the few
 //! compound operations (stop a container with its grace, tear a pod down).
 
+pub mod admit;
 pub mod container;
 pub mod downward;
 pub mod image;
 pub mod labels;
 pub mod resources;
 pub mod sandbox;
+pub mod security;
+pub mod service_env;
 pub mod start;
 pub mod state;
 

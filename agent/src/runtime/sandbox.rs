@@ -7,6 +7,7 @@ use cri_proto::v1;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::labels;
+use super::security::{self, NodeSecurity};
 use crate::pod::PodExt;
 
 /// Where the node's own resolver configuration lives.
@@ -17,6 +18,8 @@ pub struct SandboxContext<'a> {
     pub pod_log_dir: &'a Path,
     pub cluster_dns: &'a [String],
     pub cluster_domain: &'a str,
+    /// Seccomp root and AppArmor of the node.
+    pub node: NodeSecurity<'a>,
 }
 
 /// `/var/log/pods/<namespace>_<name>_<uid>`.
@@ -63,30 +66,15 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, ctx: &SandboxContext) -> v1::PodS
         })
         .collect();
 
-    let psc = spec.security_context.clone().unwrap_or_default();
-    let privileged = spec
-        .containers
+    let mut security_context = security::sandbox_security(pod, &ctx.node);
+    security_context.namespace_options = Some(namespace_options(pod));
+    // Sysctls reach here only when admitted (`admit`); slash-separated
+    // names are given with dots, as the kubelet does.
+    let sysctls = spec
+        .security_context
         .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .any(|c| {
-            c.security_context
-                .as_ref()
-                .and_then(|s| s.privileged)
-                .unwrap_or(false)
-        });
-    let security_context = v1::LinuxSandboxSecurityContext {
-        namespace_options: Some(namespace_options(pod)),
-        run_as_user: psc.run_as_user.map(|value| v1::Int64Value { value }),
-        run_as_group: psc.run_as_group.map(|value| v1::Int64Value { value }),
-        supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
-        privileged,
-        ..Default::default()
-    };
-    let sysctls = psc
-        .sysctls
-        .iter()
-        .flatten()
-        .map(|s| (s.name.clone(), s.value.clone()))
+        .flat_map(|s| s.sysctls.iter().flatten())
+        .map(|s| (security::normalize_sysctl(&s.name), s.value.clone()))
         .collect();
 
     v1::PodSandboxConfig {
@@ -244,6 +232,10 @@ mod tests {
             pod_log_dir: Path::new("/var/log/pods"),
             cluster_dns: &dns,
             cluster_domain: "cluster.local",
+            node: NodeSecurity {
+                seccomp_root: Path::new("/s"),
+                apparmor: false,
+            },
         };
         let c = sandbox_config(&p, 2, &ctx);
         assert_eq!(c.labels[labels::POD_UID], "u1");
@@ -273,6 +265,10 @@ mod tests {
             pod_log_dir: Path::new("/l"),
             cluster_dns: &[],
             cluster_domain: "cluster.local",
+            node: NodeSecurity {
+                seccomp_root: Path::new("/s"),
+                apparmor: false,
+            },
         };
         let d = dns_config(&p, &ctx);
         assert_eq!(d.servers, vec!["198.18.0.53"]);

@@ -57,10 +57,15 @@ pub async fn create_sandbox(
 pub fn sandbox_config_for(shared: &Shared, pod: &Pod, attempt: u32) -> v1::PodSandboxConfig {
     let dns = shared.cluster_dns();
     let c = &shared.config;
+    let seccomp_root = super::security::seccomp_root(&c.root_dir);
     let ctx = SandboxContext {
         pod_log_dir: &c.pod_log_dir,
         cluster_dns: &dns,
         cluster_domain: &c.cluster_domain,
+        node: super::security::NodeSecurity {
+            seccomp_root: &seccomp_root,
+            apparmor: super::admit::host_apparmor_enabled(),
+        },
     };
     sandbox_config(pod, attempt, &ctx)
 }
@@ -106,6 +111,15 @@ pub async fn start_container(
                 .join(pod.uid())
                 .join("containers")
                 .join(&spec.name);
+            // The image's user, for runAsNonRoot (the kubelet's
+            // getImageUser); only asked for when that check needs it, since
+            // containerd applies the image's USER by itself.
+            let image_user = if super::security::needs_image_user(pod, spec) {
+                super::security::image_user(cri, spec.image.as_deref().unwrap_or_default()).await
+            } else {
+                Ok(super::security::ImageUser::default())
+            };
+            let seccomp_root = super::security::seccomp_root(&shared.config.root_dir);
             let cctx = ContainerContext {
                 node_name: &shared.config.node_name,
                 pod_ip: ctx.pod_ip,
@@ -113,6 +127,11 @@ pub async fn start_container(
                 container_dir: &container_dir,
                 objects: objects.as_ref(),
                 volumes: &volumes,
+                image_user,
+                node: super::security::NodeSecurity {
+                    seccomp_root: &seccomp_root,
+                    apparmor: super::admit::host_apparmor_enabled(),
+                },
             };
             let cfg = match container_config(pod, spec, start.restart_count, &cctx) {
                 Ok(c) => c,

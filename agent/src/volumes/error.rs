@@ -14,6 +14,8 @@ pub enum Error {
     NoApi { noun: &'static str, name: String },
     #[error(transparent)]
     Fetch(#[from] FetchError),
+    #[error(transparent)]
+    Token(#[from] super::token::Error),
     #[error("configmap references non-existent config key: {0}")]
     ConfigMapKey(String),
     #[error("references non-existent secret key: {0}")]

@@ -6,6 +6,7 @@
 //! - [`atomic`]: the `..data` symlink-swap writer of API-data volumes.
 //! - [`projection`]: keys, items and modes -> files.
 //! - [`objects`]: configMaps and secrets from the API, TTL-cached.
+//! - [`token`]: ServiceAccount tokens through TokenRequest, refreshed when due.
 //! - [`hostpath`]: hostPath type checks.
 //! - [`mounts`]: tmpfs mounts and their (never wedging) removal.
 //! - [`error`]: why a volume failed, in its event's words.
@@ -22,6 +23,7 @@ pub mod hostpath;
 pub mod mounts;
 pub mod objects;
 pub mod projection;
+pub mod token;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -135,6 +137,8 @@ pub struct VolumeManager {
     pods_dir: PathBuf,
     /// None: no API connection; configMap and secret volumes cannot be read.
     objects: Option<Arc<ObjectSource>>,
+    /// None: no API connection; serviceAccountToken projections fail.
+    tokens: Option<token::TokenManager>,
     /// Last reported error per `(uid, volume)`, to pace events.
     reported: Mutex<HashMap<(String, String), (String, Instant)>>,
 }
@@ -144,8 +148,15 @@ impl VolumeManager {
         VolumeManager {
             pods_dir: root_dir.join("pods"),
             objects,
+            tokens: None,
             reported: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Where serviceAccountToken projections get their tokens.
+    pub fn with_tokens(mut self, tokens: Option<token::TokenManager>) -> VolumeManager {
+        self.tokens = tokens;
+        self
     }
 
     /// The API object reader, when the agent has an API connection.
@@ -365,11 +376,21 @@ impl VolumeManager {
                 )?
             } else if let Some(d) = &s.downward_api {
                 projection::downward(pod, d.items.as_deref().unwrap_or_default(), p.default_mode)?
-            } else if s.service_account_token.is_some() {
-                // skiff-server has no TokenRequest API yet: the token file
-                // is left out, and the other sources still project.
-                tracing::debug!(pod = %pod.key(), "serviceAccountToken projection skipped: no TokenRequest API");
-                Payload::new()
+            } else if let Some(t) = &s.service_account_token {
+                // Every sync asks; the manager answers from its cache until
+                // the token is due, so a refresh lands here unprompted.
+                let tokens = self.tokens.as_ref().ok_or(token::Error::NoApi)?;
+                let data = tokens.token(pod, t).await?.into_bytes();
+                // With an fsGroup the token is 0600 and the group gets read
+                // below (0640), as upstream: not world-readable. (Upstream
+                // also makes it 0600 owned by a shared runAsUser; without
+                // per-file owners here it keeps the defaultMode then.)
+                let mode = if fs_group(pod).is_some() {
+                    0o600
+                } else {
+                    (p.default_mode.unwrap_or(projection::DEFAULT_MODE) as u32) & 0o7777
+                };
+                Payload::from([(t.path.clone(), atomic::FileProjection { data, mode })])
             } else {
                 Payload::new()
             };
@@ -406,6 +427,9 @@ impl VolumeManager {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(u, _), _| u != uid);
+        if let Some(t) = &self.tokens {
+            t.forget_pod(uid);
+        }
         let dir = self.volumes_dir(uid);
         tokio::task::spawn_blocking(move || remove_volumes_dir(&dir))
             .await
@@ -524,6 +548,12 @@ fn execute(path: &Path, work: Work) -> Result<(), Error> {
 }
 
 /// The pod's fsGroup: the group its volumes' files belong to.
+///
+/// `fsGroupChangePolicy` needs no walk here: an emptyDir gets its group
+/// (and setgid, so new files inherit it) once, when it is created empty,
+/// which is all that either policy changes in an empty volume; API-data
+/// volumes are written with the group every time. hostPath volumes are
+/// never chowned, as upstream.
 fn fs_group(pod: &Pod) -> Option<u32> {
     pod.spec
         .as_ref()

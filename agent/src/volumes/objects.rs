@@ -63,6 +63,8 @@ pub struct ObjectSource {
     client: kube::Client,
     ttl: Duration,
     cache: Mutex<HashMap<Key, (Instant, Fetched)>>,
+    /// The API server's Service, for every container's environment.
+    master: crate::runtime::service_env::MasterService,
 }
 
 impl ObjectSource {
@@ -70,6 +72,7 @@ impl ObjectSource {
     /// period.
     pub fn new(client: kube::Client, ttl: Duration) -> ObjectSource {
         ObjectSource {
+            master: crate::runtime::service_env::MasterService::new(client.clone(), ttl),
             client,
             ttl,
             cache: Mutex::new(HashMap::new()),
@@ -132,7 +135,10 @@ impl ObjectSource {
 
     /// Every configMap and secret a container's env and envFrom name.
     pub async fn for_container(&self, namespace: &str, c: &Container) -> EnvObjects {
-        let mut out = EnvObjects::default();
+        let mut out = EnvObjects {
+            service_env: self.master.env().await,
+            ..Default::default()
+        };
         for (kind, name) in env_references(c) {
             if out.objects.contains_key(&(kind, name.clone())) {
                 continue;
@@ -170,6 +176,9 @@ pub fn secret_data(s: Secret) -> Data {
 #[derive(Debug, Default, Clone)]
 pub struct EnvObjects {
     pub objects: HashMap<(Kind, String), Fetched>,
+    /// `KUBERNETES_SERVICE_HOST` and its kin: the base every container's
+    /// env starts from.
+    pub service_env: crate::runtime::service_env::EnvVars,
 }
 
 impl EnvObjects {

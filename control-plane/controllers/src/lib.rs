@@ -27,7 +27,10 @@ pub mod nodelifecycle;
 pub mod pods;
 pub mod reconciler;
 pub mod replicaset;
+pub mod rootcacert;
 pub mod served;
+pub mod serviceaccount;
+pub mod serviceaccounttoken;
 pub mod tokencleaner;
 pub mod workload;
 pub mod workload_claim;
@@ -50,6 +53,9 @@ pub const ALL: &[&str] = &[
     "csrapproving",
     "csrsigning",
     "tokencleaner",
+    "serviceaccount-token",
+    "serviceaccount",
+    "root-ca-cert-publisher",
 ];
 
 /// Controller manager settings (flag names as kube-controller-manager's).
@@ -73,6 +79,12 @@ pub struct Config {
     pub signing: Option<Arc<SigningCa>>,
     /// `--cluster-signing-duration`: the longest certificate it issues.
     pub cluster_signing_duration: Duration,
+    /// `--root-ca-file`: the CA bundle pods are given to trust the API
+    /// server with (token Secrets' and `kube-root-ca.crt`'s `ca.crt`).
+    pub root_ca_pem: Option<String>,
+    /// `--service-account-private-key-file`: signs legacy tokens; None
+    /// disables the `serviceaccount-token` controller.
+    pub token_signer: Option<Arc<dyn serviceaccounttoken::LegacyTokenSigner>>,
 }
 
 /// A CA certificate and its private key (PEM).
@@ -98,6 +110,8 @@ impl Default for Config {
             signing: None,
             // Upstream's default: a year.
             cluster_signing_duration: Duration::from_secs(365 * 24 * 3600),
+            root_ca_pem: None,
+            token_signer: None,
         }
     }
 }
@@ -167,6 +181,9 @@ pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Out
                     "csrapproving" => certificates::approve::run(ctx.clone()).await,
                     "csrsigning" => certificates::sign::run(ctx.clone()).await,
                     "tokencleaner" => tokencleaner::run(ctx.clone()).await,
+                    "serviceaccount-token" => serviceaccounttoken::run(ctx.clone()).await,
+                    "serviceaccount" => serviceaccount::run(ctx.clone()).await,
+                    "root-ca-cert-publisher" => rootcacert::run(ctx.clone()).await,
                     _ => unreachable!("every name in ALL is matched"),
                 };
                 match res {

@@ -1,7 +1,7 @@
-//! A light load generator: HTTPS with the admin client certificate,
-//! either HTTP/1.1 with one connection per worker or HTTP/2 with every
-//! worker multiplexed on one connection (what kubectl and client-go do),
-//! bodies serialised before the clock starts. It sends the same API
+//! A light load generator: HTTPS with a kubeconfig's client certificate
+//! (or a bearer token), either HTTP/1.1 with one connection per worker or
+//! HTTP/2 with every worker multiplexed on one connection (what kubectl
+//! and client-go do), bodies serialised before the clock starts. It sends the same API
 //! requests a client library would; what it leaves out is the library's
 //! own CPU (kube-rs spends about as much per request as the server does,
 //! and both share the same cores).
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use base64::Engine;
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode};
+use http::{header, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -29,7 +29,13 @@ pub struct Call {
 
 /// A connection of [`Target::connect`]; an HTTP/2 one is shared through
 /// [`Conn::share`].
-pub enum Conn {
+pub struct Conn {
+    sender: Sender,
+    /// The `Authorization` header of a token target.
+    bearer: Option<HeaderValue>,
+}
+
+enum Sender {
     Http1(http1::SendRequest<Full<Bytes>>),
     Http2(http2::SendRequest<Full<Bytes>>),
 }
@@ -38,9 +44,12 @@ impl Conn {
     /// Another handle on the same connection: HTTP/2 only, since an
     /// HTTP/1.1 connection carries one request at a time.
     pub fn share(&self) -> Option<Conn> {
-        match self {
-            Conn::Http1(_) => None,
-            Conn::Http2(c) => Some(Conn::Http2(c.clone())),
+        match &self.sender {
+            Sender::Http1(_) => None,
+            Sender::Http2(c) => Some(Conn {
+                sender: Sender::Http2(c.clone()),
+                bearer: self.bearer.clone(),
+            }),
         }
     }
 }
@@ -57,6 +66,7 @@ pub struct Target {
     addr: SocketAddr,
     tls: tokio_rustls::TlsConnector,
     version: Version,
+    bearer: Option<HeaderValue>,
 }
 
 /// `doc[list][0][entry][field]`, base64-decoded (kubeconfig `*-data` fields).
@@ -94,18 +104,51 @@ impl Target {
         }
         let chain = CertificateDer::pem_slice_iter(&cert).collect::<Result<Vec<_>, _>>()?;
         let key = PrivateKeyDer::from_pem_slice(&key)?;
-        let mut cfg = rustls::ClientConfig::builder()
+        let cfg = rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)?;
+        Ok(Target::new(cfg, addr, version, None))
+    }
+
+    /// The server of `kubeconfig`, sending `token` as a bearer token and
+    /// no client certificate.
+    pub fn with_token(
+        path: &Path,
+        addr: SocketAddr,
+        version: Version,
+        token: &str,
+    ) -> anyhow::Result<Target> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let doc: serde_json::Value = serde_saphyr::from_str(&text)?;
+        let ca = kubeconfig_data(&doc, "clusters", "cluster", "certificate-authority-data")?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&ca) {
+            roots.add(c?)?;
+        }
+        let cfg = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let bearer = HeaderValue::from_str(&format!("Bearer {token}"))?;
+        Ok(Target::new(cfg, addr, version, Some(bearer)))
+    }
+
+    fn new(
+        mut cfg: rustls::ClientConfig,
+        addr: SocketAddr,
+        version: Version,
+        bearer: Option<HeaderValue>,
+    ) -> Target {
         cfg.alpn_protocols = vec![match version {
             Version::Http1 => b"http/1.1".to_vec(),
             Version::Http2 => b"h2".to_vec(),
         }];
-        Ok(Target {
+        Target {
             addr,
             tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
             version,
-        })
+            bearer,
+        }
     }
 
     /// One connection (TLS handshake included).
@@ -116,17 +159,21 @@ impl Target {
         let tls = self.tls.connect(name, tcp).await?;
         let io = TokioIo::new(tls);
         // A broken connection fails the requests in flight, which report it.
-        Ok(match self.version {
+        let sender = match self.version {
             Version::Http1 => {
                 let (send, conn) = http1::handshake(io).await?;
                 tokio::spawn(conn);
-                Conn::Http1(send)
+                Sender::Http1(send)
             }
             Version::Http2 => {
                 let (send, conn) = http2::handshake(TokioExecutor::new(), io).await?;
                 tokio::spawn(conn);
-                Conn::Http2(send)
+                Sender::Http2(send)
             }
+        };
+        Ok(Conn {
+            sender,
+            bearer: self.bearer.clone(),
         })
     }
 }
@@ -141,13 +188,16 @@ pub async fn send(conn: &mut Conn, call: Call) -> anyhow::Result<(StatusCode, By
     if call.body.is_some() {
         req = req.header(header::CONTENT_TYPE, "application/json");
     }
+    if let Some(b) = &conn.bearer {
+        req = req.header(header::AUTHORIZATION, b.clone());
+    }
     let req = req.body(Full::new(call.body.unwrap_or_default()))?;
-    let resp = match conn {
-        Conn::Http1(c) => {
+    let resp = match &mut conn.sender {
+        Sender::Http1(c) => {
             c.ready().await?;
             c.send_request(req).await?
         }
-        Conn::Http2(c) => {
+        Sender::Http2(c) => {
             c.ready().await?;
             c.send_request(req).await?
         }

@@ -6,7 +6,10 @@
 //! Run: `cargo build --release -p skiff-control-plane --bin skiff-server --examples`
 //! then `target/release/examples/bench_apiserver [--pods N] [--gets N] [--lists N] [--concurrency C]
 //! [--rounds R] [--client https|kube] [--components] [--watchers W]
-//! [--events E] [--server-bin PATH] [--stages]`.
+//! [--events E] [--server-bin PATH] [--stages] [--tokens]`.
+//!
+//! `--tokens` measures only what authenticating by a ServiceAccount token
+//! costs against a client certificate (see `tokens.rs`).
 //!
 //! The server runs as its own process (the `skiff-server` binary next to
 //! this example) so that its RSS and CPU time are its own. By default it
@@ -29,6 +32,7 @@ mod cpu;
 mod https;
 mod load;
 mod stages;
+mod tokens;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -79,6 +83,10 @@ struct Args {
     /// process, --pods times (no server).
     #[arg(long)]
     stages: bool,
+    /// Only compare GETs authenticated by a ServiceAccount token with GETs
+    /// by a client certificate (--gets of each, default 10,000).
+    #[arg(long)]
+    tokens: bool,
 }
 
 /// Kills the server on drop.
@@ -321,6 +329,19 @@ async fn main() -> anyhow::Result<()> {
     let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await?;
     let client = kube::Client::try_from(cfg)?;
+    if args.tokens {
+        let gets = args.gets.unwrap_or(args.pods);
+        return tokens::run(
+            pid,
+            &data,
+            port,
+            &client,
+            gets,
+            args.concurrency,
+            args.rounds,
+        )
+        .await;
+    }
     let mut pods = match args.client {
         ClientKind::Https | ClientKind::Https2 => {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));

@@ -10,6 +10,10 @@
 //!   status ([`crate::auth::node::admit`]).
 //! - DefaultTolerationSeconds: pods tolerate not-ready / unreachable nodes
 //!   for a while before the node lifecycle controller evicts them.
+//! - ServiceAccount: pods' accounts, pull secrets and token volume
+//!   ([`super::serviceaccounts`]).
+//! - PodSecurity: namespaces' Pod Security levels ([`super::podsecurity`]),
+//!   run by [`validate_warn`] as it may warn.
 //!
 //! Checks that belong to one kind (who may ask for which certificate, who
 //! may grant which permissions) are that kind's strategy's
@@ -23,10 +27,18 @@ use super::{ApiServer, Req};
 use crate::auth::node;
 
 /// Mutating admission of a new object, after its defaults.
-pub(crate) fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) {
-    if r.attrs.group.is_empty() && r.attrs.resource == "pods" {
+///
+/// # Errors
+/// 403 from ServiceAccount admission ([`super::serviceaccounts`]).
+pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> ApiResult<()> {
+    if r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty() {
+        // NamespaceLifecycle runs first upstream: a missing namespace is
+        // a 404, not a missing account.
+        namespace_lifecycle(api, objects::namespace(obj).unwrap_or_default()).await?;
+        super::serviceaccounts::admit(api, obj).await?;
         default_tolerations(obj, &api.default_toleration_seconds);
     }
+    Ok(())
 }
 
 /// Validating admission of a create (`old` None), an update, or a delete
@@ -43,6 +55,12 @@ pub(crate) async fn validate(
     if let Some(node) = r.node() {
         node::admit(node, &r.attrs, old, new).map_err(ApiError::forbidden)?;
     }
+    if let (Some(old), Some(new)) = (old, new) {
+        if r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty()
+        {
+            super::serviceaccounts::validate_update(old, new)?;
+        }
+    }
     let (Some(new), None) = (new, old) else {
         return Ok(());
     };
@@ -50,6 +68,23 @@ pub(crate) async fn validate(
         namespace_lifecycle(api, objects::namespace(new).unwrap_or_default()).await?;
     }
     Ok(())
+}
+
+/// [`validate`], then the plugins that may also warn (PodSecurity,
+/// [`super::podsecurity`]); returns their warnings, which the verbs send
+/// as `Warning` headers with fieldValidation's.
+///
+/// # Errors
+/// As [`validate`]; 403 for a pod its namespace's Pod Security enforce
+/// level refuses, 422 for bad Pod Security labels on a namespace.
+pub(crate) async fn validate_warn(
+    api: &ApiServer,
+    r: &Req,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> ApiResult<Vec<String>> {
+    validate(api, r, old, new).await?;
+    super::podsecurity::admit(api, r, old, new).await
 }
 
 /// Namespace lifecycle admission: the namespace must exist and not be

@@ -28,7 +28,17 @@ pub fn pod_spec(spec: &mut Map<String, Value>, admission: bool) {
         set(spec, "enableServiceLinks", json!(true));
         set(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
         set(spec, "priority", json!(0));
-        set(spec, "serviceAccountName", json!("default"));
+        // The deprecated `serviceAccount` names the account when
+        // `serviceAccountName` does not, as upstream's conversion reads it.
+        let deprecated = spec
+            .get("serviceAccount")
+            .filter(|v| v.as_str().is_some_and(|s| !s.is_empty()))
+            .cloned();
+        set(
+            spec,
+            "serviceAccountName",
+            deprecated.unwrap_or(json!("default")),
+        );
         let sa = spec
             .get("serviceAccountName")
             .cloned()

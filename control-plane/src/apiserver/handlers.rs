@@ -319,7 +319,7 @@ fn typed(r: &Req, obj: &Value) -> ApiResult<(Value, Vec<String>)> {
     Ok((canonical, warnings))
 }
 
-fn is_dry_run(r: &Req) -> bool {
+pub(crate) fn is_dry_run(r: &Req) -> bool {
     r.query.0.get("dryRun").is_some_and(|v| v == "All")
 }
 
@@ -404,7 +404,7 @@ async fn create_value_stored(
         }
     }
     let name = objects::name(&obj).unwrap_or_default().to_string();
-    let (mut obj, warnings) = if canonical {
+    let (mut obj, mut warnings) = if canonical {
         (obj, Vec::new())
     } else {
         typed(r, &obj)?
@@ -430,12 +430,12 @@ async fn create_value_stored(
     }
     def.strategy.prepare_for_create(r, &mut obj);
     def.strategy.default(&mut obj);
-    admission::mutate_create(api, r, &mut obj);
+    admission::mutate_create(api, r, &mut obj).await?;
     let causes = validation::validate(def, &obj);
     if !causes.is_empty() {
         return Err(ApiError::invalid(def.kind, def.group, &name, causes));
     }
-    admission::validate(api, r, None, Some(&obj)).await?;
+    warnings.extend(admission::validate_warn(api, r, None, Some(&obj)).await?);
     def.strategy.authorize_write(api, r, None, &obj).await?;
     let allocated = def.strategy.allocate(api, &mut obj, None)?;
     if is_dry_run(r) {
@@ -519,13 +519,28 @@ pub(crate) enum Attempt {
 
 /// Write `new` over the stored `cur`, then finish a deletion that just lost
 /// its last finalizer. `precondition` is a client-given resourceVersion.
+/// Admission's warnings are not kept: callers that answer a client with
+/// the object use [`write_update_warned`].
 pub(crate) async fn write_update(
+    api: &ApiServer,
+    r: &Req,
+    cur: &KeyValue,
+    old: &Value,
+    new: Value,
+    precondition: bool,
+) -> ApiResult<Attempt> {
+    write_update_warned(api, r, cur, old, new, precondition, &mut Vec::new()).await
+}
+
+/// [`write_update`], adding admission's warnings to `warnings`.
+pub(crate) async fn write_update_warned(
     api: &ApiServer,
     r: &Req,
     cur: &KeyValue,
     old: &Value,
     mut new: Value,
     precondition: bool,
+    warnings: &mut Vec<String>,
 ) -> ApiResult<Attempt> {
     let def = r.def;
     let name = r.name().to_string();
@@ -541,7 +556,7 @@ pub(crate) async fn write_update(
     if !causes.is_empty() {
         return Err(ApiError::invalid(def.kind, def.group, &name, causes));
     }
-    admission::validate(api, r, Some(old), Some(&new)).await?;
+    warnings.extend(admission::validate_warn(api, r, Some(old), Some(&new)).await?);
     def.strategy
         .authorize_write(api, r, Some(old), &new)
         .await?;
@@ -623,7 +638,11 @@ pub(crate) async fn update(
             }
         }
         let new = prepare_update(r.def, r.sub.as_deref(), &old, obj.clone());
-        if let Attempt::Done(v) = write_update(api, r, &cur, &old, new, sent_rv.is_some()).await? {
+        let mut admitted = Vec::new();
+        let attempt =
+            write_update_warned(api, r, &cur, &old, new, sent_rv.is_some(), &mut admitted);
+        if let Attempt::Done(v) = attempt.await? {
+            warnings.extend(admitted);
             return Ok(with_warnings(object_response(r, 200, &v), &warnings));
         }
     }
@@ -667,7 +686,10 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
         let (patched, mut warnings) = typed(r, &patched)?;
         warnings.extend(duplicates.iter().cloned());
         let new = prepare_update(r.def, r.sub.as_deref(), &old, patched);
-        if let Attempt::Done(v) = write_update(api, r, &cur, &old, new, false).await? {
+        let mut admitted = Vec::new();
+        let attempt = write_update_warned(api, r, &cur, &old, new, false, &mut admitted);
+        if let Attempt::Done(v) = attempt.await? {
+            warnings.extend(admitted);
             return Ok(with_warnings(object_response(r, 200, &v), &warnings));
         }
     }

@@ -20,6 +20,7 @@
 
 pub mod admission;
 pub mod audit;
+pub mod authenticate;
 pub mod bootstrap;
 pub mod convert;
 pub mod defaults;
@@ -36,15 +37,18 @@ pub mod openapi;
 pub mod options;
 pub mod order;
 pub mod patch;
+pub mod podsecurity;
 pub mod protobuf;
 pub mod request;
 pub mod resources;
 pub mod review;
 pub mod selectors;
+pub mod serviceaccounts;
 pub mod status;
 pub mod strategy;
 pub mod subresources;
 pub mod table;
+pub mod tokenreview;
 pub mod validation;
 pub mod watch;
 
@@ -111,6 +115,15 @@ pub struct ApiServer {
     /// The cluster CA bundle (PEM) served to joining nodes at
     /// `/cacerts`; set once at start by [`ApiServer::set_cluster_ca`].
     pub(crate) cluster_ca: std::sync::OnceLock<String>,
+    /// Signs and verifies ServiceAccount tokens; set once at start by
+    /// [`ApiServer::set_service_account_tokens`].
+    pub(crate) sa_tokens: std::sync::OnceLock<Arc<auth::satoken::Tokens>>,
+    /// OIDC issuers trusted for people; set once at start by
+    /// [`ApiServer::set_oidc`].
+    pub(crate) oidc: std::sync::OnceLock<Arc<auth::oidc::Oidc>>,
+    /// Pod Security admission's defaults and exemptions; set once at start
+    /// by [`ApiServer::set_pod_security`].
+    pub(crate) pod_security: std::sync::OnceLock<podsecurity::Config>,
 }
 
 /// A resource request after routing and authentication.
@@ -177,6 +190,9 @@ impl ApiServer {
             node_tls: Default::default(),
             components: Default::default(),
             cluster_ca: Default::default(),
+            sa_tokens: Default::default(),
+            oidc: Default::default(),
+            pod_security: Default::default(),
         })
     }
 
@@ -184,6 +200,18 @@ impl ApiServer {
     /// and check it against their join token's hash before they trust it.
     pub fn set_cluster_ca(&self, pem: &str) {
         let _ = self.cluster_ca.set(pem.to_string());
+    }
+
+    /// Issue and accept ServiceAccount tokens with `tokens` (TokenRequest,
+    /// their authentication, the issuer's discovery documents).
+    pub fn set_service_account_tokens(&self, tokens: Arc<auth::satoken::Tokens>) {
+        let _ = self.sa_tokens.set(tokens);
+    }
+
+    /// Accept ID tokens of `oidc`'s issuers (bearer JWTs whose `iss`
+    /// names one of them).
+    pub fn set_oidc(&self, oidc: Arc<auth::oidc::Oidc>) {
+        let _ = self.oidc.set(oidc);
     }
 
     /// First-start objects, allocator state, and the RBAC watch.
@@ -245,7 +273,11 @@ impl ApiServer {
         let kind = RequestKind::of(req.method(), &target, &query);
         let identity = self.authenticate(req.headers(), peer).await;
         let mut audit = self.audit.begin(&req, &target, &query, identity.as_ref());
-        let fut = self.route(req, target, query, identity, &mut audit);
+        // Admission plugins add audit annotations from inside the handler.
+        let fut = audit::scoped(
+            audit.notes(),
+            self.route(req, target, query, identity, &mut audit),
+        );
         let outcome = AssertUnwindSafe(fut).catch_unwind().await;
         let resp = match outcome {
             Ok(Ok(r)) => r,
@@ -273,15 +305,21 @@ impl ApiServer {
     }
 
     /// Who sent the request: the client certificate's identity, else the
-    /// bearer token's (static, then bootstrap tokens); None for nobody.
+    /// bearer token's ([`ApiServer::authenticate_token`]); None for nobody.
     async fn authenticate(&self, headers: &HeaderMap, peer: Option<Identity>) -> Option<Identity> {
-        let bearer = headers
+        if peer.is_some() {
+            return peer;
+        }
+        let token = headers
             .get(header::AUTHORIZATION)
-            .and_then(|h| h.to_str().ok());
-        let identity = peer.or_else(|| bearer.and_then(|h| self.authn.authenticate_bearer(h)));
-        match (identity, bearer) {
-            (None, Some(h)) => self.authenticate_bootstrap(h).await,
-            (id, _) => id,
+            .and_then(|h| h.to_str().ok())
+            .and_then(auth::authn::bearer_token)?;
+        match self.authenticate_token(token, None).await {
+            Ok((id, _)) => Some(id),
+            Err(why) => {
+                tracing::debug!(%why, "bearer token refused");
+                None
+            }
         }
     }
 
@@ -307,6 +345,14 @@ impl ApiServer {
                 return self
                     .non_resource(&parts.method, path, &query, &parts.headers)
                     .await;
+            }
+            // The issuer's discovery documents may be read without
+            // credentials, RBAC permitting (upstream's anonymous requests,
+            // limited here to these paths); bad credentials are still 401.
+            None if issuer_discovery_path(path)
+                && !parts.headers.contains_key(header::AUTHORIZATION) =>
+            {
+                Identity::anonymous()
             }
             None => return Err(ApiError::unauthorized()),
         };
@@ -399,16 +445,6 @@ impl ApiServer {
         }
     }
 
-    /// A bearer bootstrap token's identity (only when the static tokens did
-    /// not know it).
-    async fn authenticate_bootstrap(&self, header: &str) -> Option<Identity> {
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))?
-            .trim();
-        auth::bootstraptoken::authenticate(self.store.as_ref(), token).await
-    }
-
     /// RBAC, with system:masters, the CSR rules of joining nodes and the
     /// Node authorizer first.
     pub(crate) async fn authorize(&self, id: &Identity, a: &Attributes) -> ApiResult<()> {
@@ -457,6 +493,20 @@ impl ApiServer {
                 self.metrics.render(),
                 "text/plain; version=0.0.4",
             )),
+            OPENID_CONFIGURATION => {
+                let doc = self.sa_tokens.get().and_then(|t| t.openid_configuration());
+                let doc = doc.ok_or_else(|| ApiError::not_found_path(path))?;
+                Ok(public_cache(json_response(200, &doc)))
+            }
+            OPENID_JWKS => {
+                let set = self.sa_tokens.get().map(|t| t.jwks());
+                let set = set.ok_or_else(|| ApiError::not_found_path(path))?;
+                Ok(public_cache(json_response_ct(
+                    200,
+                    &set,
+                    "application/jwk-set+json",
+                )))
+            }
             "/openapi/v3" => Ok(json_response(200, &openapi::index())),
             "/openapi/v2" => Err(ApiError::not_found_path(path)),
             p if p.starts_with("/openapi/v3/") => {
@@ -630,6 +680,27 @@ pub(crate) fn error_response(e: &ApiError) -> Response<Body> {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
+    resp
+}
+
+/// The ServiceAccount issuer's OIDC discovery document and key set.
+const OPENID_CONFIGURATION: &str = "/.well-known/openid-configuration";
+const OPENID_JWKS: &str = "/openid/v1/jwks";
+
+fn issuer_discovery_path(path: &str) -> bool {
+    matches!(
+        path.trim_end_matches('/'),
+        OPENID_CONFIGURATION | OPENID_JWKS
+    )
+}
+
+/// Relying parties may cache the issuer's documents for an hour, as
+/// upstream lets them.
+fn public_cache(mut resp: Response<Body>) -> Response<Body> {
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=3600"),
+    );
     resp
 }
 

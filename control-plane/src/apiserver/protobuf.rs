@@ -344,6 +344,7 @@ pub(crate) fn package(group: &str) -> Option<&'static str> {
         "batch" => Some("batch"),
         "rbac.authorization.k8s.io" => Some("rbac"),
         "authorization.k8s.io" => Some("authorization"),
+        "authentication.k8s.io" => Some("authentication"),
         "certificates.k8s.io" => Some("certificates"),
         "policy" => Some("policy"),
         _ => None,

@@ -4,12 +4,14 @@
 use std::marker::PhantomData;
 
 use k8s_openapi::api::{
-    apps, authorization, batch, certificates, coordination, core, discovery, events, rbac,
+    apps, authentication, authorization, batch, certificates, coordination, core, discovery,
+    events, rbac,
 };
 
 use super::model::{Model, Typed};
 use super::review;
 use super::strategy::{self, handler, Handler, Serve, Strategy, Subresource};
+use super::tokenreview;
 
 /// One served resource (one group/version/plural): a row of [`RESOURCES`].
 #[derive(Clone, Copy)]
@@ -171,7 +173,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         .computed(READ, handler!(strategy::componentstatus::serve)),
     kind::<core::v1::ServiceAccount>()
         .short(&["sa"])
-        .rules(&strategy::printed::ServiceAccount),
+        .rules(&strategy::serviceaccount::ServiceAccount),
     kind::<apps::v1::Deployment>()
         .short(&["deploy"])
         .all()
@@ -211,6 +213,19 @@ pub static RESOURCES: &[ResourceDef] = &[
     kind::<authorization::v1::SubjectAccessReview>()
         .cluster()
         .computed(CREATE, handler!(review::subject)),
+    kind::<authorization::v1::LocalSubjectAccessReview>()
+        .computed(CREATE, handler!(review::local_subject)),
+    kind::<authorization::v1::SelfSubjectRulesReview>()
+        .cluster()
+        .computed(CREATE, handler!(review::self_rules)),
+    // Who the requester is (`kubectl auth whoami`).
+    kind::<authentication::v1::SelfSubjectReview>()
+        .cluster()
+        .computed(CREATE, handler!(review::self_review)),
+    // Who a token is (webhooks, proxies): asked, answered, never stored.
+    kind::<authentication::v1::TokenReview>()
+        .cluster()
+        .computed(CREATE, handler!(tokenreview::create)),
     kind::<rbac::v1::ClusterRoleBinding>()
         .cluster()
         .rules(&strategy::rbac::Binding),

@@ -1,5 +1,6 @@
 //! Authentication: client certificates signed by the cluster CA (CN = user,
-//! O = groups) and bearer tokens from a static token file.
+//! O = groups) and bearer tokens from a static token file. The chain of
+//! token authenticators is [`crate::apiserver::authenticate`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -27,6 +28,10 @@ pub struct Identity {
     pub user: String,
     pub uid: String,
     pub groups: Vec<String>,
+    /// Extra attributes (a ServiceAccount token's pod name and uid, as
+    /// upstream's `authentication.kubernetes.io/pod-name`), shown by
+    /// reviews and passed to webhooks.
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl Identity {
@@ -41,6 +46,17 @@ impl Identity {
             user: user.into(),
             uid: String::new(),
             groups,
+            extra: Default::default(),
+        }
+    }
+    /// A request without credentials where one is allowed: upstream's
+    /// `system:anonymous` in `system:unauthenticated` (and not in
+    /// `system:authenticated`).
+    pub fn anonymous() -> Self {
+        Identity {
+            user: "system:anonymous".into(),
+            groups: vec!["system:unauthenticated".into()],
+            ..Identity::default()
         }
     }
     pub fn in_group(&self, g: &str) -> bool {
@@ -108,14 +124,19 @@ impl Authenticator {
         Ok(Authenticator { tokens })
     }
 
-    /// The identity of an `Authorization` header value, if it is a known token.
-    pub fn authenticate_bearer(&self, header: &str) -> Option<Identity> {
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))?
-            .trim();
+    /// The identity of a known token.
+    pub fn authenticate_token(&self, token: &str) -> Option<Identity> {
         self.tokens.get(token).cloned()
     }
+}
+
+/// The token of an `Authorization: Bearer` header value.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let token = header
+        .strip_prefix("Bearer ")
+        .or_else(|| header.strip_prefix("bearer "))?
+        .trim();
+    (!token.is_empty()).then_some(token)
 }
 
 /// Split one CSV line, honouring double quotes.
@@ -144,10 +165,13 @@ mod tests {
         let p = dir.path().join("tokens.csv");
         std::fs::write(&p, "abc,alice,1,\"dev,ops\"\nxyz,bob,2\n").unwrap();
         let a = Authenticator::from_token_file(&p).unwrap();
-        let id = a.authenticate_bearer("Bearer abc").unwrap();
+        let id = a.authenticate_token("abc").unwrap();
         assert_eq!(id.user, "alice");
         assert!(id.in_group("dev") && id.in_group("ops") && id.in_group("system:authenticated"));
-        assert_eq!(a.authenticate_bearer("Bearer xyz").unwrap().user, "bob");
-        assert!(a.authenticate_bearer("Bearer nope").is_none());
+        assert_eq!(a.authenticate_token("xyz").unwrap().user, "bob");
+        assert!(a.authenticate_token("nope").is_none());
+        assert_eq!(bearer_token("Bearer abc "), Some("abc"));
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Basic abc"), None);
     }
 }

@@ -95,7 +95,14 @@ pub fn cluster_roles() -> Vec<Value> {
         ),
         role(
             "system:basic-user",
-            json!([{"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]}]),
+            json!([
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]},
+            ]),
+        ),
+        role(
+            "system:service-account-issuer-discovery",
+            json!([{"nonResourceURLs": ["/.well-known/openid-configuration", "/.well-known/openid-configuration/", "/openid/v1/jwks", "/openid/v1/jwks/"], "verbs": ["get"]}]),
         ),
         role(
             "system:public-info-viewer",
@@ -173,6 +180,18 @@ pub fn cluster_roles() -> Vec<Value> {
             "system:basic-user",
             "system:basic-user",
             json!([group("system:authenticated")]),
+        ),
+        // Upstream binds only system:serviceaccounts; relying parties
+        // outside the cluster (cloud IAM, Vault) fetch these documents
+        // without credentials, so they are public here, as k3s users
+        // usually make them.
+        binding(
+            "system:service-account-issuer-discovery",
+            "system:service-account-issuer-discovery",
+            json!([
+                group("system:authenticated"),
+                group("system:unauthenticated")
+            ]),
         ),
         binding(
             "system:public-info-viewer",

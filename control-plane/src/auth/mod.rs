@@ -2,12 +2,15 @@
 //! tokens, bootstrap tokens), RBAC, the Node authorizer with
 //! NodeRestriction admission, and the CSR rules of joining nodes.
 
+pub mod authconfig;
 pub mod authn;
 pub mod bootstrap;
 pub mod bootstraptoken;
 pub mod csr;
 pub mod node;
+pub mod oidc;
 pub mod rbac;
+pub mod satoken;
 
 pub use authn::{Authenticator, Identity};
 

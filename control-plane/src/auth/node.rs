@@ -1,7 +1,8 @@
 //! The Node authorizer and NodeRestriction admission: a kubelet identity
 //! (`system:node:NAME` in `system:nodes`) may read what nodes read, write
-//! only its own Node and Lease and the status of pods bound to it, and read
-//! only the secrets and configmaps its pods use.
+//! only its own Node and Lease and the status of pods bound to it, read
+//! only the secrets and configmaps its pods use, and mint only tokens of
+//! the ServiceAccounts its pods run as, bound to those pods.
 
 use serde_json::Value;
 
@@ -80,8 +81,13 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
         {
             Decision::Allow
         }
+        // The kubelet's token manager asks for its pods' tokens; which pod
+        // a token is bound to is checked in [`admit_token_request`].
+        ("", "serviceaccounts") if a.subresource == "token" => {
+            authorize_create_token(node, a, store).await
+        }
         ("", "secrets") | ("", "configmaps") | ("", "serviceaccounts")
-            if read && !a.name.is_empty() =>
+            if read && !a.name.is_empty() && a.subresource.is_empty() =>
         {
             if referenced_by_node_pod(store, node, &a.namespace, &a.resource, &a.name).await {
                 Decision::Allow
@@ -93,6 +99,22 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
             }
         }
         _ => Decision::NoOpinion,
+    }
+}
+
+/// `create serviceaccounts/token`: only for a ServiceAccount a pod bound
+/// to the node runs as (upstream's `authorizeCreateToken`).
+async fn authorize_create_token(node: &str, a: &Attributes, store: &dyn Store) -> Decision {
+    if a.verb != "create" || a.name.is_empty() {
+        return Decision::Deny("can only create tokens for individual service accounts".into());
+    }
+    if referenced_by_node_pod(store, node, &a.namespace, "serviceaccounts", &a.name).await {
+        Decision::Allow
+    } else {
+        Decision::Deny(format!(
+            "no relationship found between node {node:?} and this object (serviceaccounts {}/{})",
+            a.namespace, a.name
+        ))
     }
 }
 
@@ -239,6 +261,45 @@ pub fn admit(
     Ok(())
 }
 
+/// NodeRestriction for a TokenRequest a node makes (upstream's
+/// `admitServiceAccount`): the token must be bound to a pod, by name and
+/// uid, and that pod must be bound to the node. A node can thus only mint
+/// tokens that die with one of its own pods. `pod` is the bound pod as
+/// stored, None when there is none.
+///
+/// # Errors
+/// The 403 message (upstream's words); for a missing pod, the NotFound
+/// message (upstream answers 404 there).
+pub fn admit_token_request(
+    node: &str,
+    pod: Option<&Value>,
+    token_request: &Value,
+) -> Result<(), String> {
+    let r = &token_request["spec"]["boundObjectRef"];
+    let field = |k: &str| r[k].as_str().unwrap_or("");
+    if !r.is_object()
+        || field("apiVersion") != "v1"
+        || field("kind") != "Pod"
+        || field("name").is_empty()
+    {
+        return Err("node requested token not bound to a pod".into());
+    }
+    let uid = field("uid");
+    if uid.is_empty() {
+        return Err("node requested token with a pod binding without a uid".into());
+    }
+    let Some(pod) = pod else {
+        return Err(format!("pods {:?} not found", field("name")));
+    };
+    if pod["metadata"]["uid"].as_str() != Some(uid) {
+        return Err(format!("the UID in the bound object reference ({uid}) does not match the UID in record. The object might have been deleted and then recreated"));
+    }
+    if pod["spec"]["nodeName"].as_str() != Some(node) {
+        return Err("node requested token bound to a pod scheduled on a different node".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +330,78 @@ mod tests {
         assert!(pod_references(&pod, "secrets", "s"));
         assert!(pod_references(&pod, "configmaps", "cm"));
         assert!(!pod_references(&pod, "secrets", "cm"));
+    }
+
+    #[test]
+    fn token_requests_bound_to_own_pods_only() {
+        let pod = json!({"metadata": {"name": "p", "uid": "u1"}, "spec": {"nodeName": "n1"}});
+        let tr = |r: Value| json!({"spec": {"audiences": ["a"], "boundObjectRef": r}});
+        let bound = tr(json!({"kind": "Pod", "apiVersion": "v1", "name": "p", "uid": "u1"}));
+        assert_eq!(admit_token_request("n1", Some(&pod), &bound), Ok(()));
+        let err = |node: &str, pod: Option<&Value>, t: &Value| {
+            admit_token_request(node, pod, t).unwrap_err()
+        };
+        assert_eq!(
+            err("n2", Some(&pod), &bound),
+            "node requested token bound to a pod scheduled on a different node"
+        );
+        assert_eq!(err("n1", None, &bound), "pods \"p\" not found");
+        assert_eq!(
+            err("n1", Some(&pod), &json!({"spec": {}})),
+            "node requested token not bound to a pod"
+        );
+        let secret = tr(json!({"kind": "Secret", "apiVersion": "v1", "name": "p", "uid": "u1"}));
+        assert_eq!(
+            err("n1", Some(&pod), &secret),
+            "node requested token not bound to a pod"
+        );
+        let no_uid = tr(json!({"kind": "Pod", "apiVersion": "v1", "name": "p"}));
+        assert_eq!(
+            err("n1", Some(&pod), &no_uid),
+            "node requested token with a pod binding without a uid"
+        );
+        let other = tr(json!({"kind": "Pod", "apiVersion": "v1", "name": "p", "uid": "u0"}));
+        assert!(err("n1", Some(&pod), &other)
+            .starts_with("the UID in the bound object reference (u0) does not match"));
+    }
+
+    #[tokio::test]
+    async fn nodes_create_tokens_of_their_pods_service_accounts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path().join("s.db"))
+            .await
+            .unwrap();
+        for (name, node, sa) in [("a", "n1", "robot"), ("b", "n2", "other")] {
+            let pod = json!({"metadata": {"name": name, "namespace": "ns"}, "spec": {"nodeName": node, "serviceAccountName": sa}});
+            store
+                .create(
+                    &format!("/registry/core/pods/ns/{name}"),
+                    serde_json::to_vec(&pod).unwrap(),
+                )
+                .await
+                .unwrap();
+        }
+        let a = |verb: &str, name: &str, sub: &str| Attributes {
+            verb: verb.into(),
+            resource_request: true,
+            resource: "serviceaccounts".into(),
+            subresource: sub.into(),
+            namespace: "ns".into(),
+            name: name.into(),
+            ..Default::default()
+        };
+        let d = |at: Attributes| {
+            let store = &store;
+            async move { authorize("n1", &at, store).await }
+        };
+        assert_eq!(d(a("create", "robot", "token")).await, Decision::Allow);
+        assert!(
+            matches!(d(a("create", "other", "token")).await, Decision::Deny(m) if m.starts_with("no relationship found between node \"n1\""))
+        );
+        assert!(
+            matches!(d(a("get", "robot", "token")).await, Decision::Deny(m) if m == "can only create tokens for individual service accounts")
+        );
+        assert_eq!(d(a("get", "robot", "")).await, Decision::Allow);
+        assert!(matches!(d(a("get", "other", "")).await, Decision::Deny(_)));
     }
 }

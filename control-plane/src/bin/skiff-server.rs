@@ -77,6 +77,26 @@ struct ServeArgs {
     /// Extra SANs for the serving certificate (repeatable).
     #[arg(long)]
     tls_san: Vec<String>,
+    /// Issuer of ServiceAccount tokens (repeatable: the first signs, all
+    /// are accepted) [default: https://kubernetes.default.svc.cluster.local].
+    #[arg(long)]
+    service_account_issuer: Vec<String>,
+    /// Audiences the API accepts in tokens (comma-separated) [default: the
+    /// issuers].
+    #[arg(long, value_delimiter = ',')]
+    api_audiences: Option<Vec<String>>,
+    /// ECDSA P-256 key (PKCS#8 PEM) that signs ServiceAccount tokens, made
+    /// when missing [default: DATA_DIR/pki/service-account.key].
+    #[arg(long)]
+    service_account_signing_key_file: Option<PathBuf>,
+    /// More keys (PEM, public or private, EC or RSA) whose tokens are
+    /// accepted, e.g. the previous signing key (repeatable).
+    #[arg(long)]
+    service_account_key_file: Vec<PathBuf>,
+    /// Longest ServiceAccount token TokenRequest issues, e.g. 48h; longer
+    /// requests are cut to it [default: no limit].
+    #[arg(long)]
+    service_account_max_token_expiration: Option<String>,
     /// YAML file with the same keys as the flags; flags win.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
@@ -144,6 +164,10 @@ struct ServeArgs {
     /// which requests are logged at which level (needs --audit-log-path).
     #[arg(long)]
     audit_policy_file: Option<PathBuf>,
+    /// kube-apiserver's AdmissionConfiguration (apiserver.config.k8s.io/v1):
+    /// the PodSecurity plugin's default levels and exemptions.
+    #[arg(long)]
+    admission_control_config_file: Option<PathBuf>,
     /// Write audit events here as JSON lines; '-' for stdout.
     #[arg(long)]
     audit_log_path: Option<String>,
@@ -156,6 +180,39 @@ struct ServeArgs {
     /// Megabytes an audit log grows to before it rotates [default: 100].
     #[arg(long)]
     audit_log_maxsize: Option<u64>,
+    /// Trust ID tokens of this OIDC issuer (https) for people.
+    #[arg(long)]
+    oidc_issuer_url: Option<String>,
+    /// The audience (aud) ID tokens must be for.
+    #[arg(long)]
+    oidc_client_id: Option<String>,
+    /// Claim holding the username [default: sub].
+    #[arg(long)]
+    oidc_username_claim: Option<String>,
+    /// Prefix of usernames; '-' for none [default: ISSUER_URL# unless the
+    /// claim is email].
+    #[arg(long)]
+    oidc_username_prefix: Option<String>,
+    /// Claim holding the groups (a string or an array of strings).
+    #[arg(long)]
+    oidc_groups_claim: Option<String>,
+    /// Prefix of group names.
+    #[arg(long)]
+    oidc_groups_prefix: Option<String>,
+    /// PEM CA bundle trusted for the issuer [default: the system's roots].
+    #[arg(long)]
+    oidc_ca_file: Option<PathBuf>,
+    /// key=value a token's claim must hold (repeatable or comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    oidc_required_claim: Vec<String>,
+    /// Signing algorithms accepted (comma-separated: RS256, RS384, RS512,
+    /// ES256, ES384, PS256, PS384, PS512) [default: RS256].
+    #[arg(long, value_delimiter = ',')]
+    oidc_signing_algs: Option<Vec<String>>,
+    /// kube-apiserver's AuthenticationConfiguration (JWT issuers; no CEL);
+    /// exclusive with the --oidc-* flags.
+    #[arg(long)]
+    authentication_config: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -168,6 +225,13 @@ impl ServeArgs {
             service_cluster_ip_range: self.service_cluster_ip_range.clone(),
             cluster_cidr: self.cluster_cidr.clone(),
             token_auth_file: self.token_auth_file.clone(),
+            service_account_issuer: (!self.service_account_issuer.is_empty())
+                .then(|| self.service_account_issuer.clone()),
+            api_audiences: self.api_audiences.clone(),
+            service_account_signing_key_file: self.service_account_signing_key_file.clone(),
+            service_account_key_file: (!self.service_account_key_file.is_empty())
+                .then(|| self.service_account_key_file.clone()),
+            service_account_max_token_expiration: self.service_account_max_token_expiration.clone(),
             tls_san: (!self.tls_san.is_empty()).then(|| self.tls_san.clone()),
             disable_scheduler: self.disable_scheduler.then_some(true),
             disable_controller_manager: self.disable_controller_manager.then_some(true),
@@ -187,10 +251,22 @@ impl ServeArgs {
             max_connections_per_source: self.max_connections_per_source,
             encryption_provider_config: self.encryption_provider_config.clone(),
             audit_policy_file: self.audit_policy_file.clone(),
+            admission_control_config_file: self.admission_control_config_file.clone(),
             audit_log_path: self.audit_log_path.clone(),
             audit_log_maxage: self.audit_log_maxage,
             audit_log_maxbackup: self.audit_log_maxbackup,
             audit_log_maxsize: self.audit_log_maxsize,
+            oidc_issuer_url: self.oidc_issuer_url.clone(),
+            oidc_client_id: self.oidc_client_id.clone(),
+            oidc_username_claim: self.oidc_username_claim.clone(),
+            oidc_username_prefix: self.oidc_username_prefix.clone(),
+            oidc_groups_claim: self.oidc_groups_claim.clone(),
+            oidc_groups_prefix: self.oidc_groups_prefix.clone(),
+            oidc_ca_file: self.oidc_ca_file.clone(),
+            oidc_required_claim: (!self.oidc_required_claim.is_empty())
+                .then(|| self.oidc_required_claim.clone()),
+            oidc_signing_algs: self.oidc_signing_algs.clone(),
+            authentication_config: self.authentication_config.clone(),
         };
         Config::resolve(flags, self.config.as_deref()).context("resolving configuration")
     }

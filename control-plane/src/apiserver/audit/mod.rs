@@ -9,11 +9,13 @@
 //! - [`record`]: one request's events, from received to complete
 //! - [`sink`]: the bounded queue and the writer thread
 //! - [`rotate`]: the log file and its lumberjack-style backups
+//! - [`annotations`]: annotations added from inside a request's handler
 //!
 //! Every response carries an `Audit-Id` header, audited or not, as
 //! upstream's: the client's own `Audit-Id` when it sent one, else a new
 //! UUID, and the same ID in that request's events.
 
+pub mod annotations;
 pub mod event;
 pub mod policy;
 pub mod record;
@@ -27,6 +29,7 @@ use http::Request;
 
 use super::request::{Query, Target};
 use crate::auth::Identity;
+pub use annotations::{annotate, scoped};
 pub use policy::Policy;
 pub use record::Recorder;
 pub use sink::{Counters, Destination, Sink};

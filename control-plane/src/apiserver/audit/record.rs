@@ -24,6 +24,7 @@ use hyper::body::{Body as _, Frame, SizeHint};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::annotations::Notes;
 use super::event::{self, Event, Level, ObjectRef, ResponseStatus, Stage, UserInfo};
 use super::policy::{Policy, RequestConfig};
 use super::sink::Sink;
@@ -50,6 +51,8 @@ pub struct Recorder {
 /// The event being built and where it goes.
 struct Pending {
     event: Event,
+    /// What the handler adds ([`super::annotate`]).
+    notes: Notes,
     config: RequestConfig,
     sink: Sink,
     /// Watches and streams: ResponseStarted when the headers go, and
@@ -139,6 +142,7 @@ impl Recorder {
         };
         let mut p = Pending {
             event,
+            notes: Notes::default(),
             config,
             sink: sink.clone(),
             long_running: inflight::long_running(req.method(), path, query),
@@ -148,6 +152,13 @@ impl Recorder {
             id,
             pending: Some(Box::new(p)),
         }
+    }
+
+    /// Where the handler's annotations go: run it in
+    /// [`super::scoped`] with these (None when the request is not
+    /// audited).
+    pub fn notes(&self) -> Option<Notes> {
+        self.pending.as_ref().map(|p| p.notes.clone())
     }
 
     /// What the authorizers decided (`authorization.k8s.io/*` annotations).
@@ -267,6 +278,9 @@ impl Recorder {
 
 impl Pending {
     fn emit(&mut self, stage: Stage) {
+        for (k, v) in self.notes.take() {
+            self.event.annotations.insert(k, v);
+        }
         if self.config.omit_stages.contains(stage) {
             return;
         }

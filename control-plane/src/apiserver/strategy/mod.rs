@@ -13,7 +13,8 @@
 //! - one module per kind with rules: [`pod`], [`service`], [`namespace`],
 //!   [`node`], [`job`], [`workloads`] (Deployment, ReplicaSet, DaemonSet),
 //!   [`componentstatus`] (computed, never stored),
-//!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`], and
+//!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`],
+//!   [`serviceaccount`] (TokenRequest), and
 //!   [`printed`] for the kinds whose only rule is how `kubectl get` prints
 //!   them.
 
@@ -29,6 +30,7 @@ pub mod printed;
 pub mod rbac;
 pub mod secret;
 pub mod service;
+pub mod serviceaccount;
 pub mod workloads;
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Kinds with few rules of their own: Endpoints and EndpointSlices (their
 //! addresses and port names, which the service proxy writes into its
-//! rules, are validated), ServiceAccounts, Leases; and how `kubectl get`
+//! rules, are validated), Leases; and how `kubectl get`
 //! prints them.
 
 use serde_json::{json, Value};
@@ -11,7 +11,6 @@ use crate::apiserver::table::{age_cell, i, name_cell, or_none, or_unset, s, Col,
 use crate::apiserver::validation;
 
 pub struct Endpoints;
-pub struct ServiceAccount;
 pub struct Lease;
 pub struct EndpointSlice;
 
@@ -88,29 +87,6 @@ impl Strategy for Endpoints {
         vec![
             name_cell(obj),
             json!(or_none(first_three(&eps))),
-            age_cell(obj),
-        ]
-    }
-}
-
-impl Strategy for ServiceAccount {
-    fn columns(&self) -> Vec<Col> {
-        vec![
-            NAME,
-            (
-                "Secrets",
-                "string",
-                0,
-                "Number of secrets in the service account",
-            ),
-            AGE,
-        ]
-    }
-
-    fn cells(&self, obj: &Value) -> Vec<Value> {
-        vec![
-            name_cell(obj),
-            json!(obj["secrets"].as_array().map_or(0, |a| a.len())),
             age_cell(obj),
         ]
     }

@@ -10,6 +10,9 @@ use crate::apiserver::validation;
 
 pub struct Secret;
 
+const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
+const SA_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
+
 impl Strategy for Secret {
     fn default(&self, obj: &mut Value) {
         let m = obj.as_object_mut().expect("objects are maps");
@@ -34,6 +37,16 @@ impl Strategy for Secret {
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = Vec::new();
+        // The token controller fills these in for the account they name.
+        if obj["type"] == SERVICE_ACCOUNT_TOKEN
+            && obj["metadata"]["annotations"][SA_NAME_ANNOTATION]
+                .as_str()
+                .is_none_or(str::is_empty)
+        {
+            c.push(Cause::required(format!(
+                "metadata.annotations[{SA_NAME_ANNOTATION}]"
+            )));
+        }
         validation::data_keys(obj, &mut c);
         validation::data_size(obj, &[], &["data"], "data", &mut c);
         c

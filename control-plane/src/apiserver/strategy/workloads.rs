@@ -186,6 +186,7 @@ pub(super) fn validate_workload(obj: &Value, needs_selector: bool) -> Vec<Cause>
     }
     let template = &spec["template"];
     validation::pod_spec("spec.template.spec", template.get("spec"), &mut c);
+    super::pod::security::validate("spec.template.spec", template.get("spec"), &mut c);
     if !needs_selector {
         return c;
     }

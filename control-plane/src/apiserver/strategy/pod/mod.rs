@@ -4,6 +4,7 @@
 
 mod binding;
 mod print;
+pub(crate) mod security;
 
 use serde_json::{json, Value};
 
@@ -80,6 +81,7 @@ impl Strategy for Pod {
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = Vec::new();
         validation::pod_spec("spec", obj.get("spec"), &mut c);
+        security::validate("spec", obj.get("spec"), &mut c);
         c
     }
 
