@@ -103,8 +103,9 @@ pub struct ApiServer {
     pub(crate) event_ttl: Option<std::time::Duration>,
     inflight: inflight::Inflight,
     pub(crate) audit: audit::Auditor,
-    /// Namespaces found active, and when (namespace lifecycle admission).
-    active_namespaces: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+    /// Namespaces found active, and when (namespace lifecycle admission);
+    /// deleted ones, and when (see [`ApiServer::note_namespace_active`]).
+    active_namespaces: std::sync::Mutex<std::collections::HashMap<String, NamespaceSeen>>,
     /// Flips to true on shutdown; watch streams end when it does.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     /// TLS towards node servers (the kubelet-client certificate); set once
@@ -124,6 +125,12 @@ pub struct ApiServer {
     /// Pod Security admission's defaults and exemptions; set once at start
     /// by [`ApiServer::set_pod_security`].
     pub(crate) pod_security: std::sync::OnceLock<podsecurity::Config>,
+}
+
+/// What namespace lifecycle admission last learnt of a namespace.
+enum NamespaceSeen {
+    Active(Instant),
+    Deleted(Instant),
 }
 
 /// A resource request after routing and authentication.
@@ -231,23 +238,29 @@ impl ApiServer {
 
     pub(crate) fn namespace_recently_active(&self, ns: &str) -> bool {
         let m = self.active_namespaces.lock().expect("namespace cache lock");
-        m.get(ns)
-            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
+        matches!(m.get(ns), Some(NamespaceSeen::Active(t)) if t.elapsed() < std::time::Duration::from_secs(1))
     }
 
+    /// `ns` was found active. A namespace deleted in the last 30 s is
+    /// not cached (lookups stay live), so that a lookup that raced its
+    /// delete cannot mark it active again (upstream's forceLiveLookup).
     pub(crate) fn note_namespace_active(&self, ns: &str) {
         let mut m = self.active_namespaces.lock().expect("namespace cache lock");
+        if matches!(m.get(ns), Some(NamespaceSeen::Deleted(t)) if t.elapsed() < std::time::Duration::from_secs(30))
+        {
+            return;
+        }
         if m.len() > 10_000 {
             m.clear();
         }
-        m.insert(ns.to_string(), Instant::now());
+        m.insert(ns.to_string(), NamespaceSeen::Active(Instant::now()));
     }
 
     pub(crate) fn forget_namespace(&self, ns: &str) {
         self.active_namespaces
             .lock()
             .expect("namespace cache lock")
-            .remove(ns);
+            .insert(ns.to_string(), NamespaceSeen::Deleted(Instant::now()));
     }
 
     /// The store this server writes (tests compact it to provoke 410s).
