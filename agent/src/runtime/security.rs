@@ -279,17 +279,7 @@ pub fn apparmor_profiles(pod: &Pod) -> Vec<AppArmorProfile> {
         .and_then(|s| s.app_armor_profile.clone())
         .into_iter()
         .collect();
-    let spec = pod.spec.as_ref();
-    for c in spec
-        .map(|s| s.containers.iter())
-        .into_iter()
-        .flatten()
-        .chain(
-            spec.and_then(|s| s.init_containers.as_ref())
-                .into_iter()
-                .flatten(),
-        )
-    {
+    for c in pod.containers().iter().chain(pod.init_containers()) {
         out.extend(
             c.security_context
                 .as_ref()
@@ -360,18 +350,12 @@ pub fn container_security(
 /// `determinePodSandboxSecurityContext`), namespace options by the caller.
 pub fn sandbox_security(pod: &Pod, node: &NodeSecurity) -> v1::LinuxSandboxSecurityContext {
     let psc = pod_context(pod).cloned().unwrap_or_default();
-    let spec = pod.spec.as_ref();
     // The sandbox is privileged when any container is, so that the
     // runtime may set the pod up for it.
-    let privileged = spec
-        .map(|s| s.containers.iter())
-        .into_iter()
-        .flatten()
-        .chain(
-            spec.and_then(|s| s.init_containers.as_ref())
-                .into_iter()
-                .flatten(),
-        )
+    let privileged = pod
+        .containers()
+        .iter()
+        .chain(pod.init_containers())
         .any(|c| {
             c.security_context
                 .as_ref()

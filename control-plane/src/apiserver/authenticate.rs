@@ -5,7 +5,7 @@
 //! issuers may not overlap, so their order does not decide anything.
 
 use super::ApiServer;
-use crate::auth::{self, Identity};
+use crate::auth::{self, satoken, Identity};
 
 impl ApiServer {
     /// The identity of a bearer token, and the audiences it was accepted
@@ -21,27 +21,13 @@ impl ApiServer {
         token: &str,
         audiences: Option<&[String]>,
     ) -> Result<(Identity, Vec<String>), String> {
-        let api_audiences: Vec<String> = match self.sa_tokens.get() {
-            Some(t) => t.api_audiences().to_vec(),
-            None => Vec::new(),
-        };
-        let implicit = || -> Result<Vec<String>, String> {
+        // Tokens that carry no audience of their own are for the API
+        // server's audiences.
+        let implicit = || {
+            let api: &[String] = self.sa_tokens.get().map_or(&[], |t| t.api_audiences());
             match audiences {
-                None => Ok(api_audiences.clone()),
-                Some(want) => {
-                    let both: Vec<String> = want
-                        .iter()
-                        .filter(|a| api_audiences.contains(a))
-                        .cloned()
-                        .collect();
-                    if both.is_empty() {
-                        Err(format!(
-                            "token audiences {api_audiences:?} is invalid for the target audiences {want:?}"
-                        ))
-                    } else {
-                        Ok(both)
-                    }
-                }
+                None => Ok(api.to_vec()),
+                Some(wanted) => satoken::common_audiences(api, wanted),
             }
         };
         if let Some(id) = self.authn.authenticate_token(token) {

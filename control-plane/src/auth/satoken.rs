@@ -602,19 +602,12 @@ impl Tokens {
         v: &Verified,
         wanted: Option<&[String]>,
     ) -> Result<Vec<String>, String> {
-        let wanted = wanted.unwrap_or(&self.audiences);
         let has = if v.legacy_secret.is_some() {
             &self.audiences
         } else {
             &v.audiences
         };
-        let both: Vec<String> = wanted.iter().filter(|a| has.contains(a)).cloned().collect();
-        if both.is_empty() {
-            return Err(format!(
-                "token audiences {has:?} is invalid for the target audiences {wanted:?}"
-            ));
-        }
-        Ok(both)
+        common_audiences(has, wanted.unwrap_or(&self.audiences))
     }
 
     /// The OIDC discovery document, for issuer URLs (upstream serves it
@@ -640,6 +633,21 @@ impl Tokens {
     pub fn jwks(&self) -> Value {
         json!({"keys": self.keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()})
     }
+}
+
+/// The audiences among `wanted` that a token for `has` is valid for.
+///
+/// # Errors
+/// None: upstream's "token audiences ... is invalid for the target
+/// audiences".
+pub fn common_audiences(has: &[String], wanted: &[String]) -> Result<Vec<String>, String> {
+    let both: Vec<String> = wanted.iter().filter(|a| has.contains(a)).cloned().collect();
+    if both.is_empty() {
+        return Err(format!(
+            "token audiences {has:?} is invalid for the target audiences {wanted:?}"
+        ));
+    }
+    Ok(both)
 }
 
 /// The bound objects of `v` are still there, with the uids it names.
