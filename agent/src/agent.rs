@@ -181,7 +181,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 .clone()
                 .map(|c| Arc::new(ObjectSource::new(c, OBJECT_TTL))),
         )
-        .with_tokens(client.clone().map(crate::volumes::token::TokenManager::new)),
+        .with_tokens(client.clone().map(crate::volumes::token::TokenManager::new))
+        .with_claims(client.clone().map(|c| {
+            Arc::new(crate::volumes::claim::ClaimSource::new(
+                c,
+                &config.node_name,
+                OBJECT_TTL,
+            ))
+        })),
         served_dns: serve_dns.then(|| pod_cidr.clone()),
     });
     let health = Arc::new(Health::default());
@@ -281,6 +288,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         )
         .with_pod_cidr(pod_cidr_tx);
         node_task = Some(tokio::spawn(node.run(stopped())));
+        tokio::spawn(crate::volumes::reclaim::run(
+            c.clone(),
+            config.node_name.clone(),
+            stopped(),
+        ));
         start_services(&config, c, pod_cidr, serve_dns, &stopped);
     }
     if let Some(api) = &api {

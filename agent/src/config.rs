@@ -114,6 +114,11 @@ settings! {
         /// Directory for the agent's state.
         #[arg(long)]
         pub root_dir: Option<PathBuf>,
+        /// Directory of the local-path volumes on this node, an absolute
+        /// path (ROOT_DIR/local-path).
+        #[arg(long, value_parser = absolute_path)]
+        #[serde(default, deserialize_with = "absolute")]
+        pub local_path_root: Option<PathBuf>,
         /// Directory of static pod manifests (YAML or JSON Pods).
         #[arg(long)]
         pub static_pod_path: Option<PathBuf>,
@@ -293,14 +298,22 @@ impl Settings {
     pub fn resolve(self) -> Config {
         let secs = Duration::from_secs;
         let addr = |a: Option<OptionalAddr>, default: SocketAddr| a.map_or(Some(default), |a| a.0);
+        let root_dir: PathBuf = self
+            .root_dir
+            .unwrap_or_else(|| "/var/lib/skiff-agent".into());
         Config {
             node_name: self.node_name.unwrap_or_else(default_node_name),
+            local_path_root: self.local_path_root.unwrap_or_else(|| {
+                // Announced to the control plane, which joins volume
+                // paths under it: always absolute.
+                std::path::absolute(&root_dir)
+                    .unwrap_or_else(|_| root_dir.clone())
+                    .join("local-path")
+            }),
             container_runtime_endpoint: self
                 .container_runtime_endpoint
                 .unwrap_or_else(|| DEFAULT_RUNTIME_ENDPOINT.into()),
-            root_dir: self
-                .root_dir
-                .unwrap_or_else(|| "/var/lib/skiff-agent".into()),
+            root_dir,
             pod_log_dir: self
                 .pod_log_dir
                 .unwrap_or_else(|| DEFAULT_POD_LOG_DIR.into()),
@@ -373,6 +386,9 @@ pub struct Config {
     pub node_name: String,
     pub container_runtime_endpoint: String,
     pub root_dir: PathBuf,
+    /// Where local-path volumes live on this node (announced on the Node
+    /// as `skiff.io/local-path-root`); absolute.
+    pub local_path_root: PathBuf,
     pub pod_log_dir: PathBuf,
     pub static_pod_path: Option<PathBuf>,
     /// How often the PLEG relists the runtime when no event stream exists.
@@ -593,6 +609,27 @@ impl Layer for Labels {
         let mut all = under.0;
         all.extend(self.0);
         Labels(all)
+    }
+}
+
+/// `--local-path-root`: the control plane joins volume paths under it,
+/// so a relative one would mean another directory on every node.
+fn absolute_path(s: &str) -> std::result::Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(format!("{s:?} is not an absolute path"))
+    }
+}
+
+/// localPathRoot in the config file: absolute, as the flag.
+fn absolute<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<PathBuf>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(s) => absolute_path(&s)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+        None => Ok(None),
     }
 }
 
@@ -897,6 +934,25 @@ mod tests {
         // YAML-only settings have no flag.
         let argv = ["skiff-agent", "--max-pods=3"];
         assert!(Flags::try_parse_from(argv).is_err());
+    }
+
+    #[test]
+    fn local_path_root_is_absolute_and_under_the_root_dir_by_default() {
+        assert_eq!(
+            Config::default().local_path_root,
+            Path::new("/var/lib/skiff-agent/local-path")
+        );
+        let c = flags(&["--root-dir=/r"]).resolve();
+        assert_eq!(c.local_path_root, Path::new("/r/local-path"));
+        let c = flags(&["--local-path-root=/data/lp"]).or(file("localPathRoot: /f\n"));
+        assert_eq!(c.resolve().local_path_root, Path::new("/data/lp"));
+        assert_eq!(
+            file("localPathRoot: /f\n").resolve().local_path_root,
+            Path::new("/f")
+        );
+        let argv = ["skiff-agent", "--local-path-root=rel"];
+        assert!(Flags::try_parse_from(argv).is_err());
+        assert!(serde_saphyr::from_str::<Settings>("localPathRoot: rel\n").is_err());
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - [`selector`]: label selectors and `key: value` map selectors.
 //! - [`nodeaffinity`]: node selector terms (`matchExpressions` with Gt /
 //!   Lt, `matchFields`), a pod's nodeSelector and required node affinity.
+//! - [`storage`]: persistent volumes' well-known names, a pod's claims,
+//!   which PV serves which claim, local-path directory names.
 //! - [`taints`]: `tolerates`, the untolerated taint of a node, the
 //!   well-known taint keys and effects.
 //! - [`quantity`]: exact quantities (`100m`, `1.5Gi`, `1e3`).
@@ -33,6 +35,7 @@ pub mod qos;
 pub mod quantity;
 pub mod resources;
 pub mod selector;
+pub mod storage;
 pub mod taints;
 
 pub use events::Recorder;

@@ -28,7 +28,16 @@ pub fn owned_labels(config: &Config, facts: &Facts) -> BTreeMap<String, String> 
     labels
 }
 
-/// The Node as first created: our labels, `spec.podCIDR` when configured
+/// The annotations the agent sets and keeps: where its local-path volumes
+/// live, for the PV controller that provisions them.
+pub fn owned_annotations(config: &Config) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        kube_util::storage::LOCAL_PATH_ROOT_ANNOTATION.into(),
+        config.local_path_root.display().to_string(),
+    )])
+}
+
+/// The Node as first created: our labels and annotations, `spec.podCIDR` when configured
 /// by hand, and the status we would report (the API keeps a node's status
 /// on create, so `kubectl get nodes` is right from the start).
 pub fn initial_node(config: &Config, facts: &Facts, status: Option<NodeStatus>) -> Node {
@@ -36,6 +45,7 @@ pub fn initial_node(config: &Config, facts: &Facts, status: Option<NodeStatus>) 
         metadata: ObjectMeta {
             name: Some(config.node_name.clone()),
             labels: Some(owned_labels(config, facts)),
+            annotations: Some(owned_annotations(config)),
             ..Default::default()
         },
         spec: Some(NodeSpec {
@@ -48,7 +58,8 @@ pub fn initial_node(config: &Config, facts: &Facts, status: Option<NodeStatus>) 
 }
 
 /// Create `node`, or adopt the existing one: patch the labels in `labels`
-/// that are missing or differ. Returns the Node as stored.
+/// and the annotations of `node` that are missing or differ. Returns the
+/// Node as stored.
 ///
 /// # Errors
 /// The API refused or did not answer; the caller retries with back-off.
@@ -77,10 +88,20 @@ pub async fn register(
         .iter()
         .filter(|(k, v)| have.get(*k) != Some(*v))
         .collect();
-    if stale.is_empty() {
+    let have = existing.metadata.annotations.clone().unwrap_or_default();
+    let stale_annotations: BTreeMap<&String, &String> = node
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, v)| have.get(*k) != Some(*v))
+        .collect();
+    if stale.is_empty() && stale_annotations.is_empty() {
         return Ok((existing, false));
     }
-    let patch = serde_json::json!({ "metadata": { "labels": stale } });
+    let patch = serde_json::json!({
+        "metadata": { "labels": stale, "annotations": stale_annotations }
+    });
     let patched = call(
         "updating the labels of",
         &object,

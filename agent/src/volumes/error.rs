@@ -8,7 +8,7 @@ use super::objects::FetchError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("volume type is not supported by skiff-agent (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)")]
+    #[error("volume type is not supported by skiff-agent (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected, persistentVolumeClaim, ephemeral)")]
     Unsupported,
     #[error("{noun} {name:?} cannot be read: this node has no API server connection")]
     NoApi { noun: &'static str, name: String },
@@ -46,6 +46,27 @@ pub enum Error {
         #[source]
         source: nix::errno::Errno,
     },
+    /// A claim or its PV cannot be used (missing, not the pod's, a failed
+    /// read): the message says why, in upstream's words where it has any.
+    #[error("{0}")]
+    Claim(String),
+    #[error("PVC {claim} is not bound yet (phase {phase:?}, spec.volumeName \"\")")]
+    ClaimNotBound { claim: String, phase: String },
+    #[error("persistentvolume {volume:?} cannot be used on node {node:?}: its nodeAffinity does not match the node's labels")]
+    VolumeNodeAffinity { volume: String, node: String },
+    #[error("persistentvolume {volume:?} has volume source {kind:?}, which skiff-agent cannot mount (supported: local, hostPath)")]
+    VolumeSourceUnsupported { volume: String, kind: String },
+    #[error(
+        "persistentvolume {volume:?} is a local-path volume of node {node:?}, not of this one"
+    )]
+    LocalPathOtherNode { volume: String, node: String },
+    #[error("refusing local-path directory {path}: {reason}", path = .path.display())]
+    LocalPathUnsafe { path: PathBuf, reason: &'static str },
+    #[error("refusing local-path directory {}: something other than a directory is there", .0.display())]
+    LocalPathNotDir(PathBuf),
+    /// Upstream's local volume plugin: the path must exist beforehand.
+    #[error("path {:?} does not exist", .0)]
+    LocalMissing(PathBuf),
     #[error("mounts remain under {}", .0.display())]
     MountsRemain(PathBuf),
     #[error(transparent)]

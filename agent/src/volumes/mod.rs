@@ -8,21 +8,29 @@
 //! - [`objects`]: configMaps and secrets from the API, TTL-cached.
 //! - [`token`]: ServiceAccount tokens through TokenRequest, refreshed when due.
 //! - [`hostpath`]: hostPath type checks.
+//! - [`claim`]: persistentVolumeClaim and ephemeral volumes -> their PV's
+//!   directory on this host.
+//! - [`localpath`]: local-path directories, created on first use.
+//! - [`reclaim`]: removes them when their PV is deleted.
 //! - [`mounts`]: tmpfs mounts and their (never wedging) removal.
 //! - [`error`]: why a volume failed, in its event's words.
 //!
 //! On disk a volume lives at `<root>/pods/<uid>/volumes/<plugin>/<name>`
 //! with upstream's plugin names (`kubernetes.io~empty-dir`, `~configmap`,
 //! `~secret`, `~downward-api`, `~projected`); hostPath volumes are the
-//! host's own path. emptyDir `medium: Memory`, secret and projected
+//! host's own path, and so are claim volumes (their PV's `local` or
+//! `hostPath` directory, which tear-down never touches). emptyDir `medium: Memory`, secret and projected
 //! volumes are tmpfs mounts, so their data never reaches the disk.
 
 pub mod atomic;
+pub mod claim;
 mod error;
 pub mod hostpath;
+pub mod localpath;
 pub mod mounts;
 pub mod objects;
 pub mod projection;
+pub mod reclaim;
 pub mod token;
 
 use std::collections::{HashMap, HashSet};
@@ -129,6 +137,12 @@ enum Work {
         payload: Payload,
         gid: Option<u32>,
     },
+    /// A claim's PV directory.
+    Claim {
+        source: claim::Source,
+        gid: Option<u32>,
+        policy: Option<String>,
+    },
     Fail(Error),
 }
 
@@ -139,6 +153,12 @@ pub struct VolumeManager {
     objects: Option<Arc<ObjectSource>>,
     /// None: no API connection; serviceAccountToken projections fail.
     tokens: Option<token::TokenManager>,
+    /// None: no API connection; claim volumes cannot be resolved.
+    claims: Option<Arc<claim::ClaimSource>>,
+    /// Claim volumes resolved so far, by `(uid, volume)`: for the
+    /// synchronous [`VolumeManager::paths`] and to keep a running pod's
+    /// volume when a later read fails.
+    resolved: Mutex<HashMap<(String, String), HostVolume>>,
     /// Last reported error per `(uid, volume)`, to pace events.
     reported: Mutex<HashMap<(String, String), (String, Instant)>>,
 }
@@ -149,6 +169,8 @@ impl VolumeManager {
             pods_dir: root_dir.join("pods"),
             objects,
             tokens: None,
+            claims: None,
+            resolved: Mutex::new(HashMap::new()),
             reported: Mutex::new(HashMap::new()),
         }
     }
@@ -156,6 +178,12 @@ impl VolumeManager {
     /// Where serviceAccountToken projections get their tokens.
     pub fn with_tokens(mut self, tokens: Option<token::TokenManager>) -> VolumeManager {
         self.tokens = tokens;
+        self
+    }
+
+    /// Where claim volumes are resolved.
+    pub fn with_claims(mut self, claims: Option<Arc<claim::ClaimSource>>) -> VolumeManager {
+        self.claims = claims;
         self
     }
 
@@ -197,6 +225,12 @@ impl VolumeManager {
             Some(under(DOWNWARD_API, true))
         } else if v.projected.is_some() {
             Some(under(PROJECTED, true))
+        } else if v.persistent_volume_claim.is_some() || v.ephemeral.is_some() {
+            self.resolved
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(uid.to_string(), v.name.clone()))
+                .cloned()
         } else {
             None
         }
@@ -207,19 +241,36 @@ impl VolumeManager {
     pub async fn setup(&self, pod: &Pod) -> Setup {
         let uid = pod.uid().to_string();
         let mut planned = Vec::new();
+        let claims: HashSet<String> = volumes(pod)
+            .iter()
+            .filter(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
+            .map(|v| v.name.clone())
+            .collect();
         for v in volumes(pod) {
+            if v.persistent_volume_claim.is_some() || v.ephemeral.is_some() {
+                let known = self.host_volume(&uid, v);
+                let (hv, work) = match self.plan_claim(pod, v, known.is_none()).await {
+                    Ok((hv, work)) => (Some(hv), work),
+                    Err(e) => (known.clone(), Work::Fail(e)),
+                };
+                planned.push((v.name.clone(), hv, work, known.is_some()));
+                continue;
+            }
             let Some(hv) = self.host_volume(&uid, v) else {
-                planned.push((v.name.clone(), None, Work::Fail(Error::Unsupported)));
+                planned.push((v.name.clone(), None, Work::Fail(Error::Unsupported), false));
                 continue;
             };
             let work = self.plan(pod, v).await;
-            planned.push((v.name.clone(), Some(hv), work));
+            planned.push((v.name.clone(), Some(hv), work, false));
         }
         let done = tokio::task::spawn_blocking(move || {
             planned
                 .into_iter()
-                .map(|(name, hv, work)| {
-                    let populated = hv.as_ref().is_some_and(|h| atomic::is_populated(&h.path));
+                .map(|(name, hv, work, known)| {
+                    // A claim volume once set up stays usable by the
+                    // running pod when a later read fails.
+                    let populated =
+                        known || hv.as_ref().is_some_and(|h| atomic::is_populated(&h.path));
                     let r = match &hv {
                         Some(h) => execute(&h.path, work),
                         None => match work {
@@ -238,6 +289,7 @@ impl VolumeManager {
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         for (name, hv, populated, r) in done {
             let key = (uid.clone(), name.clone());
+            let set_up = r.is_ok();
             match r {
                 Ok(()) => {
                     reported.remove(&key);
@@ -262,6 +314,12 @@ impl VolumeManager {
                 }
             }
             if let Some(hv) = hv {
+                if set_up && claims.contains(&name) {
+                    self.resolved
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert((uid.clone(), name.clone()), hv.clone());
+                }
                 out.volumes.insert(name, hv);
             }
         }
@@ -344,6 +402,46 @@ impl VolumeManager {
             }
             Err(m) => Work::Fail(m),
         }
+    }
+
+    /// Resolve a claim volume to its PV's directory on this host. The
+    /// fsGroup is applied on the pod's first set-up only, as upstream's
+    /// mount does: later syncs must not walk the whole volume again.
+    async fn plan_claim(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        first: bool,
+    ) -> Result<(HostVolume, Work), Error> {
+        let Some(claim) = kube_util::storage::pod_claims(pod)
+            .into_iter()
+            .find(|c| c.volume == v.name)
+        else {
+            return Err(Error::Unsupported);
+        };
+        let Some(src) = &self.claims else {
+            return Err(Error::NoApi {
+                noun: "persistentvolumeclaim",
+                name: claim.claim,
+            });
+        };
+        let r = src.resolve(pod, &claim).await?;
+        let policy = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|c| c.fs_group_change_policy.clone());
+        Ok((
+            HostVolume {
+                path: r.path,
+                read_only: claim.read_only,
+            },
+            Work::Claim {
+                source: r.source,
+                gid: fs_group(pod).filter(|_| first),
+                policy,
+            },
+        ))
     }
 
     /// A projected volume: every source into one payload.
@@ -430,6 +528,12 @@ impl VolumeManager {
         if let Some(t) = &self.tokens {
             t.forget_pod(uid);
         }
+        // Claim directories are the PV's, not under the pod's: only the
+        // record of them goes.
+        self.resolved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(u, _), _| u != uid);
         let dir = self.volumes_dir(uid);
         tokio::task::spawn_blocking(move || remove_volumes_dir(&dir))
             .await
@@ -513,6 +617,23 @@ fn execute(path: &Path, work: Work) -> Result<(), Error> {
     match work {
         Work::Fail(m) => Err(m),
         Work::HostPath { type_ } => hostpath::check(path, &type_),
+        Work::Claim {
+            source,
+            gid,
+            policy,
+        } => match source {
+            claim::Source::HostPath { type_ } => hostpath::check(path, &type_),
+            claim::Source::Local => match fs::symlink_metadata(path) {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(Error::LocalMissing(path.to_path_buf()))
+                }
+                Err(e) => Err(Error::io("stat", path)(e)),
+            },
+            claim::Source::LocalPath { root } => {
+                localpath::ensure(path, &root, gid, policy.as_deref())
+            }
+        },
         Work::EmptyDir { tmpfs, gid } => {
             // Ownership and mode are set once: a container may change them.
             let fresh = !path.is_dir() || (tmpfs.is_some() && !mounts::is_mount_point(path));
@@ -623,6 +744,24 @@ mod tests {
         assert!(td.failed.is_none() && td.detached.is_empty());
         assert!(!vm.volumes_dir("u1").exists());
         assert!(host.is_dir(), "a hostPath is never removed");
+    }
+
+    #[tokio::test]
+    async fn claim_volumes_wait_for_the_api() {
+        let t = tempfile::tempdir().unwrap();
+        let pod: Pod = serde_saphyr::from_str(
+            "metadata: {name: p, namespace: ns, uid: u1}\nspec:\n  containers: [{name: c, image: i}]\n  volumes:\n  - {name: data, persistentVolumeClaim: {claimName: c1}}\n  - {name: e, ephemeral: {volumeClaimTemplate: {spec: {}}}}\n",
+        )
+        .unwrap();
+        let vm = VolumeManager::new(t.path(), None);
+        let s = vm.setup(&pod).await;
+        assert!(s.blocked());
+        assert!(s.volumes.is_empty() && vm.paths(&pod).is_empty());
+        let msgs: Vec<_> = s.errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(msgs, [
+            "MountVolume.SetUp failed for volume \"data\" : persistentvolumeclaim \"c1\" cannot be read: this node has no API server connection",
+            "MountVolume.SetUp failed for volume \"e\" : persistentvolumeclaim \"p-e\" cannot be read: this node has no API server connection",
+        ]);
     }
 
     #[tokio::test]

@@ -32,6 +32,7 @@ pub mod served;
 pub mod serviceaccount;
 pub mod serviceaccounttoken;
 pub mod tokencleaner;
+pub mod volume;
 pub mod workload;
 pub mod workload_claim;
 pub mod workload_expectations;
@@ -56,6 +57,11 @@ pub const ALL: &[&str] = &[
     "serviceaccount-token",
     "serviceaccount",
     "root-ca-cert-publisher",
+    "persistentvolume-binder",
+    "persistentvolume-expander",
+    "pvc-protection",
+    "pv-protection",
+    "ephemeral-volume",
 ];
 
 /// Controller manager settings (flag names as kube-controller-manager's).
@@ -184,6 +190,11 @@ pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Out
                     "serviceaccount-token" => serviceaccounttoken::run(ctx.clone()).await,
                     "serviceaccount" => serviceaccount::run(ctx.clone()).await,
                     "root-ca-cert-publisher" => rootcacert::run(ctx.clone()).await,
+                    "persistentvolume-binder" => volume::binder::run(ctx.clone()).await,
+                    "persistentvolume-expander" => volume::expand::run(ctx.clone()).await,
+                    "pvc-protection" => volume::protection::run_pvc(ctx.clone()).await,
+                    "pv-protection" => volume::protection::run_pv(ctx.clone()).await,
+                    "ephemeral-volume" => volume::ephemeral::run(ctx.clone()).await,
                     _ => unreachable!("every name in ALL is matched"),
                 };
                 match res {

@@ -38,6 +38,9 @@ pub struct Cache {
     nodes: BTreeMap<String, NodeInfo>,
     /// Pods counted on some node, by UID.
     pods: HashMap<String, PodEntry>,
+    /// How many of those pods use each claim, by `namespace/claim`
+    /// (upstream's `IsPVCUsedByPods`, for ReadWriteOncePod).
+    claim_users: HashMap<String, u32>,
 }
 
 impl Cache {
@@ -112,6 +115,12 @@ impl Cache {
             .entry(node.to_string())
             .or_insert_with(|| NodeInfo::new(node))
             .add_pod(&pod);
+        for c in &pod.claims {
+            *self
+                .claim_users
+                .entry(claim_key(&pod.namespace, &c.claim))
+                .or_default() += 1;
+        }
         self.pods.insert(
             pod.uid.clone(),
             PodEntry {
@@ -126,6 +135,15 @@ impl Cache {
     /// it was counted.
     pub fn remove_pod(&mut self, uid: &str) -> Option<Arc<PodInfo>> {
         let e = self.pods.remove(uid)?;
+        for c in &e.info.claims {
+            let key = claim_key(&e.info.namespace, &c.claim);
+            if let Some(n) = self.claim_users.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.claim_users.remove(&key);
+                }
+            }
+        }
         if let Some(n) = self.nodes.get_mut(&e.node) {
             n.remove_pod(&e.info);
             if n.is_empty() {
@@ -139,6 +157,16 @@ impl Cache {
     pub fn pod_uids(&self) -> Vec<String> {
         self.pods.keys().cloned().collect()
     }
+
+    /// Whether a pod bound or assumed anywhere uses claim `name` of
+    /// `namespace`. Finished pods are not counted: they hold nothing.
+    pub fn claim_in_use(&self, namespace: &str, name: &str) -> bool {
+        !self.claim_users.is_empty() && self.claim_users.contains_key(&claim_key(namespace, name))
+    }
+}
+
+fn claim_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 #[cfg(test)]

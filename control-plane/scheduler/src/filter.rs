@@ -1,8 +1,10 @@
 //! Filters: can this pod run on this node? Pure functions of the pod's
 //! and node's facts, run in upstream's plugin order (NodeUnschedulable,
-//! TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit) and
-//! stopping at the first that fails, so that each node adds the reasons
-//! of one filter to the FailedScheduling message, as upstream's do.
+//! TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit,
+//! VolumeRestrictions, VolumeBinding) and stopping at the first that
+//! fails, so that each node adds the reasons of one filter to the
+//! FailedScheduling message, as upstream's do. The volume filters read
+//! what [`crate::volumes`] found for the pod once per attempt.
 //!
 //! The happy path allocates nothing: reasons are borrowed and only
 //! formatted when no node fits.
@@ -21,6 +23,7 @@ pub use kube_util::taints::{TAINT_NOT_READY, TAINT_UNREACHABLE, TAINT_UNSCHEDULA
 
 use crate::nodeinfo::{NodeInfo, Readiness};
 use crate::podinfo::PodInfo;
+use crate::volumes::PodVolumes;
 
 /// Why a node was filtered out. `Display` gives upstream's wording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +40,15 @@ pub enum Reason<'a> {
     TooManyPods,
     /// Not enough of a resource left.
     Insufficient(&'a str),
+    /// A ReadWriteOncePod claim of the pod is in use by another pod
+    /// (upstream reports it on every node: preemption might help).
+    ReadWriteOncePodConflict,
+    /// A bound volume's nodeAffinity excludes the node.
+    VolumeNodeAffinity,
+    /// An unbound claim finds no volume and cannot be provisioned here.
+    VolumeBindConflict,
+    /// A bound claim's volume does not exist.
+    VolumeMissing,
 }
 
 impl fmt::Display for Reason<'_> {
@@ -54,14 +66,27 @@ impl fmt::Display for Reason<'_> {
             }
             Reason::TooManyPods => f.write_str("Too many pods"),
             Reason::Insufficient(r) => write!(f, "Insufficient {r}"),
+            Reason::ReadWriteOncePodConflict => f.write_str(
+                "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode",
+            ),
+            Reason::VolumeNodeAffinity => f.write_str("node(s) had volume node affinity conflict"),
+            Reason::VolumeBindConflict => {
+                f.write_str("node(s) didn't find available persistent volumes to bind")
+            }
+            Reason::VolumeMissing => f.write_str(
+                "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)",
+            ),
         }
     }
 }
 
-/// Run the filters for `pod` on `node`; `report` receives the reasons of
-/// the first filter that fails. Returns true when the pod fits.
+/// Run the filters for `pod` (with `volumes`, what
+/// [`crate::volumes::Volumes::prefilter`] found, when it has claims) on
+/// `node`; `report` receives the reasons of the first filter that fails.
+/// Returns true when the pod fits.
 pub fn check<'a>(
     pod: &'a PodInfo,
+    volumes: Option<&PodVolumes>,
     node: &'a NodeInfo,
     report: &mut impl FnMut(Reason<'a>),
 ) -> bool {
@@ -85,12 +110,44 @@ pub fn check<'a>(
         report(Reason::HostPorts);
         return false;
     }
-    resources_fit(pod, node, report)
+    if !resources_fit(pod, node, report) {
+        return false;
+    }
+    match volumes {
+        Some(v) => volumes_fit(v, node, report),
+        None => true,
+    }
 }
 
 /// True when `pod` fits `node`.
-pub fn fits(pod: &PodInfo, node: &NodeInfo) -> bool {
-    check(pod, node, &mut |_| {})
+pub fn fits(pod: &PodInfo, volumes: Option<&PodVolumes>, node: &NodeInfo) -> bool {
+    check(pod, volumes, node, &mut |_| {})
+}
+
+/// VolumeRestrictions (ReadWriteOncePod), then VolumeBinding, whose
+/// reasons come in upstream's order.
+fn volumes_fit<'a>(
+    volumes: &PodVolumes,
+    node: &NodeInfo,
+    report: &mut impl FnMut(Reason<'a>),
+) -> bool {
+    if volumes.rwop_conflict {
+        report(Reason::ReadWriteOncePodConflict);
+        return false;
+    }
+    let Err(c) = volumes.check(node) else {
+        return true;
+    };
+    if c.node_affinity {
+        report(Reason::VolumeNodeAffinity);
+    }
+    if c.bind {
+        report(Reason::VolumeBindConflict);
+    }
+    if c.missing_volume {
+        report(Reason::VolumeMissing);
+    }
+    false
 }
 
 fn unschedulable<'a>(tolerations: &[Toleration], node: &NodeInfo) -> Option<Reason<'a>> {
@@ -115,8 +172,15 @@ fn untolerated_taint<'a>(tolerations: &[Toleration], node: &'a NodeInfo) -> Opti
         Readiness::NotReady => TAINT_NOT_READY,
         Readiness::Unknown => TAINT_UNREACHABLE,
     };
-    // Already tainted by the node lifecycle controller: judged above.
-    if taints.iter().any(|t| t.key == condition_taint) {
+    // Already tainted NoSchedule (TaintNodesByCondition): judged above.
+    // The node lifecycle controller's NoExecute taint alone does not keep
+    // new pods away: every pod tolerates it for a while (default
+    // tolerations), and upstream's NoSchedule twin is what the scheduler
+    // heeds.
+    if taints
+        .iter()
+        .any(|t| t.key == condition_taint && t.effect == NO_SCHEDULE)
+    {
         return None;
     }
     let tolerated = tolerations
@@ -175,12 +239,16 @@ fn resources_fit<'a>(
 /// the histogram of reasons as "COUNT REASON" strings sorted as strings
 /// (upstream `FitError.Error`), e.g. "0/3 nodes are available: 1 node(s)
 /// had untolerated taint {k: v}, 2 Insufficient cpu."
-pub fn fit_error<'a>(pod: &'a PodInfo, nodes: impl Iterator<Item = &'a NodeInfo>) -> String {
+pub fn fit_error<'a>(
+    pod: &'a PodInfo,
+    volumes: Option<&PodVolumes>,
+    nodes: impl Iterator<Item = &'a NodeInfo>,
+) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut total = 0;
     for node in nodes {
         total += 1;
-        check(pod, node, &mut |r| {
+        check(pod, volumes, node, &mut |r| {
             *counts.entry(r.to_string()).or_default() += 1
         });
     }
@@ -190,6 +258,17 @@ pub fn fit_error<'a>(pod: &'a PodInfo, nodes: impl Iterator<Item = &'a NodeInfo>
     let mut parts: Vec<String> = counts.iter().map(|(r, n)| format!("{n} {r}")).collect();
     parts.sort();
     format!("0/{total} nodes are available: {}.", parts.join(", "))
+}
+
+/// The FailedScheduling message when a check of the whole pod failed
+/// before any node was tried (upstream's PreFilter message, which takes
+/// the place of the per-node reasons): "0/N nodes are available:
+/// MESSAGE."
+pub fn prefilter_error(nodes: usize, message: &str) -> String {
+    if nodes == 0 {
+        return "no nodes available to schedule pods".to_string();
+    }
+    format!("0/{nodes} nodes are available: {message}.")
 }
 
 #[cfg(test)]
@@ -233,7 +312,7 @@ mod tests {
 
     fn reasons(p: &PodInfo, n: &NodeInfo) -> Vec<String> {
         let mut out = Vec::new();
-        check(p, n, &mut |r| out.push(r.to_string()));
+        check(p, None, n, &mut |r| out.push(r.to_string()));
         out
     }
 
@@ -246,7 +325,7 @@ mod tests {
     fn resources_fit_against_allocatable_minus_requested() {
         let mut n = node("n", json!({}));
         let p = requesting("1500m", "1Gi");
-        assert!(fits(&p, &n));
+        assert!(fits(&p, None, &n));
         n.add_pod(&p);
         assert_eq!(reasons(&p, &n), ["Insufficient cpu"]);
         let big = requesting("100m", "8Gi");
@@ -257,14 +336,14 @@ mod tests {
             ["Insufficient cpu", "Insufficient memory"]
         );
         // A pod requesting nothing fits an overcommitted node.
-        assert!(fits(&pod(json!({})), &n));
+        assert!(fits(&pod(json!({})), None, &n));
     }
 
     #[test]
     fn max_pods() {
         let mut n = node("n", json!({"status": {"allocatable": {"pods": "1"}}}));
         let p = pod(json!({}));
-        assert!(fits(&p, &n));
+        assert!(fits(&p, None, &n));
         n.add_pod(&p);
         assert_eq!(reasons(&p, &n), ["Too many pods"]);
     }
@@ -292,17 +371,31 @@ mod tests {
             ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]
         );
         let unknown = node("n", json!({"status": {"conditions": []}}));
-        assert!(!fits(&p, &unknown));
+        assert!(!fits(&p, None, &unknown));
         let daemon = pod(json!({"tolerations": [
             {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
             {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]}));
-        assert!(fits(&daemon, &not_ready));
+        assert!(fits(&daemon, None, &not_ready));
         let cordoned = node("n", json!({"spec": {"unschedulable": true}}));
         assert_eq!(reasons(&p, &cordoned), ["node(s) were unschedulable"]);
         let tolerant = pod(
             json!({"tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]}),
         );
-        assert!(fits(&tolerant, &cordoned));
+        assert!(fits(&tolerant, None, &cordoned));
+        // An unreachable node with only the lifecycle controller's NoExecute
+        // taint takes no new pods, though every pod tolerates that taint
+        // for a while.
+        let lost = node(
+            "n",
+            json!({"spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+                   "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}),
+        );
+        let defaulted = pod(json!({"tolerations": [
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]}));
+        assert_eq!(
+            reasons(&defaulted, &lost),
+            ["node(s) had untolerated taint {node.kubernetes.io/unreachable: }"]
+        );
     }
 
     #[test]
@@ -334,7 +427,7 @@ mod tests {
         ];
         for (tol, ok) in cases {
             let p = pod(json!({"tolerations": [tol.clone()]}));
-            assert_eq!(fits(&p, &n), ok, "{tol}");
+            assert_eq!(fits(&p, None, &n), ok, "{tol}");
         }
     }
 
@@ -345,7 +438,7 @@ mod tests {
             json!({"metadata": {"labels": {"disk": "ssd", "cores": "8"}}}),
         );
         let sel = |s: Value| pod(json!({"nodeSelector": s}));
-        assert!(fits(&sel(json!({"disk": "ssd"})), &n));
+        assert!(fits(&sel(json!({"disk": "ssd"})), None, &n));
         assert_eq!(
             reasons(&sel(json!({"disk": "hdd"})), &n),
             ["node(s) didn't match Pod's node affinity/selector"]
@@ -379,7 +472,7 @@ mod tests {
             ),
         ];
         for (i, (p, ok)) in cases.iter().enumerate() {
-            assert_eq!(fits(p, &n), *ok, "case {i}");
+            assert_eq!(fits(p, None, &n), *ok, "case {i}");
         }
     }
 
@@ -395,8 +488,8 @@ mod tests {
             reasons(&with_port(8080, ""), &n),
             ["node(s) didn't have free ports for the requested pod ports"]
         );
-        assert!(fits(&with_port(8080, "127.0.0.2"), &n));
-        assert!(fits(&with_port(8081, ""), &n));
+        assert!(fits(&with_port(8080, "127.0.0.2"), None, &n));
+        assert!(fits(&with_port(8081, ""), None, &n));
     }
 
     #[test]
@@ -412,11 +505,11 @@ mod tests {
         let p = requesting("1", "0");
         let nodes = [full, full2, tainted];
         assert_eq!(
-            fit_error(&p, nodes.iter()),
+            fit_error(&p, None, nodes.iter()),
             "0/3 nodes are available: 1 node(s) had untolerated taint {k: v}, 2 Insufficient cpu."
         );
         assert_eq!(
-            fit_error(&p, [].iter()),
+            fit_error(&p, None, [].iter()),
             "no nodes available to schedule pods"
         );
     }

@@ -1,6 +1,7 @@
-//! The node and pod informers (`kube_util`'s, the same machinery as the
-//! controllers'), each subscription forwarded by its own task into one
-//! channel to the scheduling loop. Working out a pod's scheduling facts
+//! The node, pod, claim, volume and storage class informers
+//! (`kube_util`'s, the same machinery as the controllers'), each
+//! subscription forwarded by its own task into one channel to the
+//! scheduling loop. Working out a pod's scheduling facts
 //! happens in these tasks, off the loop.
 //!
 //! A (re-)list arrives as `Relisting`, the objects, then `Listed`; the
@@ -10,7 +11,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube_util::informer::{Change, Informer, Object, Subscription};
@@ -30,13 +32,18 @@ pub enum Update {
     Pod(Arc<PodInfo>),
     PodDeleted(Arc<PodInfo>),
     PodsListed,
+    /// Claims, volumes and classes: taken in as they come, re-lists
+    /// included, by `crate::volumes`.
+    Claim(Change<PersistentVolumeClaim>),
+    Volume(Change<PersistentVolume>),
+    Class(Change<StorageClass>),
 }
 
 /// Updates waiting for the loop; past this the forwarding tasks wait
 /// (the informers' own queues take up the slack).
 const CAPACITY: usize = 4096;
 
-/// Start both informers and their forwarding tasks. The tasks, which
+/// Start the informers and their forwarding tasks. The tasks, which
 /// keep the informers alive, run until aborted or until the receiver is
 /// dropped.
 pub fn start(client: &kube::Client) -> (mpsc::Receiver<Update>, Vec<JoinHandle<()>>) {
@@ -49,13 +56,24 @@ pub fn start(client: &kube::Client) -> (mpsc::Receiver<Update>, Vec<JoinHandle<(
         Change::Deleted(n) => Update::NodeDeleted(Arc::unwrap_or_clone(n)),
         Change::Listed => Update::NodesListed,
     }));
+    let claims = Informer::<PersistentVolumeClaim>::start(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let volumes =
+        Informer::<PersistentVolume>::start(Api::all(client.clone()), watcher::Config::default());
+    let classes =
+        Informer::<StorageClass>::start(Api::all(client.clone()), watcher::Config::default());
+    let claims = tokio::spawn(forward(claims.subscribe(), tx.clone(), Update::Claim));
+    let volumes = tokio::spawn(forward(volumes.subscribe(), tx.clone(), Update::Volume));
+    let classes = tokio::spawn(forward(classes.subscribe(), tx.clone(), Update::Class));
     let pods = tokio::spawn(forward(pods.subscribe(), tx, |c| match c {
         Change::Relisting => Update::PodsRelisting,
         Change::Applied(p) => Update::Pod(Arc::new(PodInfo::new(Arc::unwrap_or_clone(p)))),
         Change::Deleted(p) => Update::PodDeleted(Arc::new(PodInfo::new(Arc::unwrap_or_clone(p)))),
         Change::Listed => Update::PodsListed,
     }));
-    (rx, vec![nodes, pods])
+    (rx, vec![nodes, pods, claims, volumes, classes])
 }
 
 async fn forward<K: Object>(

@@ -8,9 +8,12 @@
 //! - [`filter`], [`score`]: the pure decision functions, and the
 //!   FailedScheduling message.
 //! - [`queue`]: pending pods, back-off and unschedulable parking.
+//! - [`volumes`]: claims, volumes and classes; the volume checks and
+//!   the volume decisions made with the node.
+//! - [`volumebind`]: the volume writes made before binding.
 //! - [`bind`]: the pods/binding write.
 //! - [`events`]: events and the PodScheduled condition.
-//! - `informer`: the node and pod watches, fed to the loop.
+//! - `informer`: the node, pod and storage watches, fed to the loop.
 //!
 //! Quantities, a pod's requests, taints and node affinity are
 //! `kube_util`'s, shared with the controllers.
@@ -31,6 +34,8 @@ pub mod podinfo;
 pub mod queue;
 mod scheduler;
 pub mod score;
+pub mod volumebind;
+pub mod volumes;
 
 /// Scheduler settings.
 #[derive(Debug, Clone)]
@@ -66,8 +71,9 @@ impl Default for Config {
 
 /// Schedule pods until `shutdown` resolves.
 ///
-/// Watches nodes and pods with `client` (which should act as
-/// `system:kube-scheduler`), binds every pending pod whose
+/// Watches nodes, pods, claims, volumes and storage classes with
+/// `client` (which should act as `system:kube-scheduler`, with the
+/// volume scheduler's rights), binds every pending pod whose
 /// `spec.schedulerName` is `config.scheduler_name` to a node that fits,
 /// and records `Scheduled` / `FailedScheduling` events.
 ///
@@ -75,7 +81,16 @@ impl Default for Config {
 ///
 /// API errors never end it: watches re-list with back-off, failed
 /// bindings are retried with back-off. On shutdown, bindings already in
-/// flight get a few seconds to land.
+/// flight get a few seconds to land. Pods without claims never wait for
+/// the storage watches; pods with claims wait until those have listed.
+///
+/// # Caveats
+///
+/// A pod whose WaitForFirstConsumer claims needed a decision is bound
+/// right after the decision is written (a PV's claimRef, or the claim's
+/// `volume.kubernetes.io/selected-node`), without waiting for the PV
+/// controller to complete the binding as upstream's PreBind does: the
+/// node's agent waits until the claims are Bound before it mounts.
 pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Output = ()>) {
     scheduler::run(client, config, shutdown).await;
 }

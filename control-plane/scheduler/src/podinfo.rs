@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use kube_util::resources::{self, Resources};
+use kube_util::storage::{self, PodClaim};
 
 /// A host port a container asks for. Two pods conflict on a node when
 /// protocol and port match and either address is the wildcard or both
@@ -47,6 +48,9 @@ pub struct PodInfo {
     pub owner: Option<String>,
     /// `spec.priority` (admission fills it from the priority class).
     pub priority: i32,
+    /// The claims its volumes use (empty for most pods, which then skip
+    /// every volume check).
+    pub claims: Vec<PodClaim>,
 }
 
 impl PodInfo {
@@ -73,7 +77,9 @@ impl PodInfo {
             }
             None => (Resources::default(), (0, 0), Vec::new(), 0),
         };
+        let claims = storage::pod_claims(&pod);
         PodInfo {
+            claims,
             pod,
             uid,
             namespace,

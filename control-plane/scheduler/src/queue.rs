@@ -267,10 +267,20 @@ impl Queue {
     /// unschedulable pods fit: move them to active, or to back-off if
     /// their back-off has not run out. Returns how many moved.
     pub fn move_unschedulable(&mut self, now: Instant) -> usize {
+        self.move_unschedulable_if(now, |_| true)
+    }
+
+    /// [`Queue::move_unschedulable`] for the pods `helps` picks: a
+    /// change to a claim or volume helps only pods with claims.
+    pub fn move_unschedulable_if(
+        &mut self,
+        now: Instant,
+        helps: impl Fn(&PodInfo) -> bool,
+    ) -> usize {
         let uids: Vec<String> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.state == State::Unschedulable)
+            .filter(|(_, e)| e.state == State::Unschedulable && helps(&e.info))
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in &uids {

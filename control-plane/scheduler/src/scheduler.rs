@@ -2,9 +2,10 @@
 //! queue), decide (filter and score one pod at a time against the cache,
 //! assuming the winner at once), act (bind concurrently, report).
 //!
-//! Decisions are sequential on one task that owns the cache and the
+//! Decisions are sequential on one task that owns the caches and the
 //! queue, so each sees every earlier decision; only the bindings, which
-//! are one POST each, run concurrently (at most `max_binds_in_flight`).
+//! are a POST each (after the volume writes, for a pod whose claims
+//! needed deciding on), run concurrently (at most `max_binds_in_flight`).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -24,7 +25,8 @@ use crate::informer::{self, Update};
 use crate::nodeinfo::NodeInfo;
 use crate::podinfo::{self, PodInfo};
 use crate::queue::{Backoff, Queue};
-use crate::{bind, filter, score, Config};
+use crate::volumes::{Plan, PodVolumes, Volumes};
+use crate::{bind, filter, score, volumebind, Config};
 
 /// Decisions made per turn of the loop before it looks at updates again.
 const BATCH: usize = 64;
@@ -34,19 +36,33 @@ const FLUSH_EVERY: Duration = Duration::from_secs(30);
 /// How long in-flight bindings may finish after shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// What went wrong on the way to a binding.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// A volume write (upstream's PreBind); the pod was not bound.
+    #[error("running PreBind plugin \"VolumeBinding\": {0}")]
+    Volumes(#[source] volumebind::Error),
+    #[error(transparent)]
+    Bind(bind::Error),
+}
+
 /// A binding's result, back from its task.
 struct Bound {
     pod: Arc<PodInfo>,
     node: String,
     /// Failed attempts before this one.
     attempts: u32,
-    result: bind::Result<()>,
+    /// The volume decisions written (or tried) first.
+    plan: Option<Plan>,
+    result: Result<(), Failure>,
 }
 
 struct Scheduler {
     client: kube::Client,
     config: Config,
     cache: Cache,
+    /// Claims, volumes and classes, with the volume decisions assumed.
+    volumes: Volumes,
     queue: Queue,
     rng: SmallRng,
     binds: JoinSet<Bound>,
@@ -104,6 +120,7 @@ impl Scheduler {
             queue: Queue::new(backoff),
             config,
             cache: Cache::default(),
+            volumes: Volumes::default(),
             rng: SmallRng::from_os_rng(),
             binds: JoinSet::new(),
             notifier,
@@ -204,6 +221,24 @@ impl Scheduler {
                 }
                 self.pods_synced = true;
             }
+            // Any claim, volume or class change may be what a parked pod
+            // with claims waits for (upstream VolumeBinding registers
+            // them all); pods without claims stay parked.
+            Update::Claim(c) => {
+                if self.volumes.claim_changed(c) {
+                    self.queue.move_unschedulable_if(now, has_claims);
+                }
+            }
+            Update::Volume(c) => {
+                if self.volumes.volume_changed(c) {
+                    self.queue.move_unschedulable_if(now, has_claims);
+                }
+            }
+            Update::Class(c) => {
+                if self.volumes.class_changed(c) {
+                    self.queue.move_unschedulable_if(now, has_claims);
+                }
+            }
         }
     }
 
@@ -261,37 +296,92 @@ impl Scheduler {
     /// Filter, score, assume and start the binding; or report why no
     /// node fits.
     fn schedule(&mut self, pod: Arc<PodInfo>) {
+        let now = Instant::now();
+        let volumes = match self.pod_volumes(&pod) {
+            Ok(v) => v,
+            Err(None) => {
+                // The storage caches are not listed yet; their first
+                // list brings the pod back.
+                self.queue.unschedulable(&pod.uid, now);
+                return;
+            }
+            Err(Some(message)) => {
+                let message = filter::prefilter_error(self.cache.node_count(), &message);
+                self.unschedulable(&pod, message, now);
+                return;
+            }
+        };
         let chosen = {
             let feasible: Vec<&NodeInfo> = self
                 .cache
                 .nodes()
-                .filter(|n| filter::fits(&pod, n))
+                .filter(|n| filter::fits(&pod, volumes.as_ref(), n))
                 .collect();
             score::select(&pod, &feasible, &mut self.rng).map(|n| n.name.clone())
         };
-        let now = Instant::now();
         let Some(node) = chosen else {
-            let message = filter::fit_error(&pod, self.cache.nodes());
-            debug!(pod = %format!("{}/{}", pod.namespace, pod.name), %message, "pod is unschedulable");
-            self.queue.unschedulable(&pod.uid, now);
-            self.notifier.send(Notice::FailedScheduling {
-                pod: events::reference(&pod),
-                condition: condition_update(&pod, &message),
-                message,
-            });
+            let message = filter::fit_error(&pod, volumes.as_ref(), self.cache.nodes());
+            self.unschedulable(&pod, message, now);
             return;
         };
+        // Upstream's Reserve: the volume decisions for the chosen node go
+        // into the cache now, so that the next pod does not pick the
+        // same PV.
+        let plan = volumes.as_ref().and_then(|v| {
+            let mut plan = v.check(self.cache.node(&node)?).ok()?;
+            self.volumes.assume(&mut plan);
+            (!plan.is_empty()).then_some(plan)
+        });
         let attempts = self.queue.done(&pod.uid);
         self.cache.assume(pod.clone(), &node);
         let client = self.client.clone();
         self.binds.spawn(async move {
-            let result = bind::bind(&client, &pod, &node).await;
+            let result = async {
+                if let Some(plan) = &plan {
+                    volumebind::write(&client, plan)
+                        .await
+                        .map_err(Failure::Volumes)?;
+                }
+                bind::bind(&client, &pod, &node)
+                    .await
+                    .map_err(Failure::Bind)
+            }
+            .await;
             Bound {
                 pod,
                 node,
                 attempts,
+                plan,
                 result,
             }
+        });
+    }
+
+    /// What the volume checks found for the whole pod: `Ok(None)` for a
+    /// pod without claims (nothing to check), `Err(None)` while the
+    /// storage caches are not listed, `Err(Some(message))` when no node
+    /// can help.
+    fn pod_volumes(&self, pod: &PodInfo) -> Result<Option<PodVolumes>, Option<String>> {
+        if pod.claims.is_empty() {
+            return Ok(None);
+        }
+        if !self.volumes.synced() {
+            return Err(None);
+        }
+        self.volumes
+            .prefilter(pod, &self.cache)
+            .map(Some)
+            .map_err(Some)
+    }
+
+    /// No node fits: park the pod and say why.
+    fn unschedulable(&mut self, pod: &PodInfo, message: String, now: Instant) {
+        debug!(pod = %format!("{}/{}", pod.namespace, pod.name), %message, "pod is unschedulable");
+        self.queue.unschedulable(&pod.uid, now);
+        self.notifier.send(Notice::FailedScheduling {
+            pod: events::reference(pod),
+            condition: condition_update(pod, &message),
+            message,
         });
     }
 
@@ -307,12 +397,30 @@ impl Scheduler {
             }
             Err(e) => {
                 let now = Instant::now();
+                // The volume decisions are undone in the cache (upstream
+                // Unreserve); what was written stays written, and the
+                // watch brings it.
+                if let Some(plan) = &b.plan {
+                    self.volumes.restore(plan);
+                }
                 // Un-assume (unless the watch already showed what
                 // happened): the room it took is free again.
                 let forgotten = self.cache.forget(&b.pod.uid, &b.node);
                 if let Some(pod) = forgotten {
                     self.queue.move_unschedulable(now);
-                    if e.is_final() {
+                    if let Failure::Volumes(_) = &e {
+                        // Never final: a conflict means the volume or
+                        // claim changed, and the next attempt decides
+                        // on what it is now.
+                        let message = e.to_string();
+                        warn!(error = %message, "volume binding failed; retrying the pod after back-off");
+                        self.notifier.send(Notice::FailedScheduling {
+                            pod: events::reference(&pod),
+                            message,
+                            condition: None,
+                        });
+                        self.queue.requeue_failed(pod, b.attempts, now);
+                    } else if matches!(&e, Failure::Bind(e) if e.is_final()) {
                         debug!(error = %e, "binding refused; the watch will tell what became of the pod");
                     } else {
                         warn!(error = %e, "binding failed; retrying the pod after back-off");
@@ -322,6 +430,10 @@ impl Scheduler {
             }
         }
     }
+}
+
+fn has_claims(pod: &PodInfo) -> bool {
+    !pod.claims.is_empty()
 }
 
 /// When PodScheduled should change to False/Unschedulable with `message`:
@@ -456,6 +568,117 @@ mod tests {
         assert!(s.cache.node("a").is_none());
         assert_eq!(s.cache.pod_state("bound"), None);
         assert!(s.queue.is_empty());
+    }
+
+    fn listed_storage(s: &mut Scheduler) {
+        use kube_util::informer::Change;
+        let class = serde_json::from_value(json!({
+            "metadata": {"name": "local-path", "resourceVersion": "1"},
+            "provisioner": "skiff.io/local-path", "volumeBindingMode": "WaitForFirstConsumer"
+        }))
+        .unwrap();
+        for u in [
+            Update::Claim(Change::Relisting),
+            Update::Claim(Change::Listed),
+            Update::Volume(Change::Relisting),
+            Update::Volume(Change::Listed),
+            Update::Class(Change::Relisting),
+            Update::Class(Change::Applied(Arc::new(class))),
+            Update::Class(Change::Listed),
+        ] {
+            s.update(u);
+        }
+    }
+
+    fn claim_update(name: &str) -> Update {
+        Update::Claim(kube_util::informer::Change::Applied(Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": "1"},
+                "spec": {"storageClassName": "local-path", "accessModes": ["ReadWriteOnce"]}
+            }))
+            .unwrap(),
+        )))
+    }
+
+    fn pod_with_claim(uid: &str, claim: &str) -> Update {
+        Update::Pod(Arc::new(PodInfo::new(
+            serde_json::from_value::<Pod>(json!({
+                "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+                "spec": {"containers": [{"name": "c"}],
+                         "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]}
+            }))
+            .unwrap(),
+        )))
+    }
+
+    #[tokio::test]
+    async fn pods_with_claims_wait_for_the_storage_caches_and_their_claims() {
+        let mut s = scheduler();
+        for u in [
+            node("a"),
+            Update::NodesListed,
+            pod_with_claim("p", "data"),
+            pod("plain", None),
+            Update::PodsListed,
+        ] {
+            s.update(u);
+        }
+        // Storage not listed yet: the pod without claims is bound, the
+        // other parked without a verdict.
+        s.schedule_batch();
+        assert_eq!(s.cache.pod_state("plain"), Some(PodState::Assumed));
+        assert!(s.queue.contains("p") && s.cache.pod_state("p").is_none());
+        listed_storage(&mut s);
+        s.queue.flush(Instant::now() + Duration::from_secs(60));
+        // Listed, but the claim does not exist: unschedulable.
+        s.schedule_batch();
+        assert!(s.queue.contains("p") && s.cache.pod_state("p").is_none());
+        // The claim appears: that moves the pod, which now fits.
+        s.update(claim_update("data"));
+        s.queue.flush(Instant::now() + Duration::from_secs(60));
+        s.schedule_batch();
+        assert_eq!(s.cache.pod_state("p"), Some(PodState::Assumed));
+    }
+
+    #[tokio::test]
+    async fn a_failed_volume_write_restores_the_volumes_and_retries() {
+        let mut s = scheduler();
+        listed_storage(&mut s);
+        for u in [
+            node("a"),
+            Update::NodesListed,
+            claim_update("data"),
+            pod_with_claim("p", "data"),
+            Update::PodsListed,
+        ] {
+            s.update(u);
+        }
+        s.schedule_batch();
+        assert_eq!(s.cache.pod_state("p"), Some(PodState::Assumed));
+        let done = s.binds.join_next().await.unwrap().unwrap();
+        assert!(
+            matches!(done.result, Err(Failure::Volumes(_))),
+            "nothing listens on port 1"
+        );
+        let plan = done.plan.clone().expect("a claim to provision");
+        assert_eq!(plan.provisions.len(), 1);
+        s.bound(done);
+        assert_eq!(
+            s.cache.pod_state("p"),
+            None,
+            "not bound without its volumes"
+        );
+        assert!(s.queue.contains("p") && s.queue.next_backoff_due().is_some());
+        // The claim no longer looks annotated: the next attempt may pick
+        // any node again.
+        let p = match pod_with_claim("p", "data") {
+            Update::Pod(p) => p,
+            _ => unreachable!(),
+        };
+        let v = s.volumes.prefilter(&p, &s.cache).unwrap();
+        let mut again = v.check(s.cache.node("a").unwrap()).unwrap();
+        s.volumes.assume(&mut again);
+        assert_eq!(again.provisions.len(), 1, "still to be written");
     }
 
     #[tokio::test]

@@ -14,6 +14,8 @@
 //!   ([`super::serviceaccounts`]).
 //! - PodSecurity: namespaces' Pod Security levels ([`super::podsecurity`]),
 //!   run by [`validate_warn`] as it may warn.
+//! - DefaultStorageClass, StorageObjectInUseProtection,
+//!   PersistentVolumeClaimResize ([`super::storageadmission`]).
 //!
 //! Checks that belong to one kind (who may ask for which certificate, who
 //! may grant which permissions) are that kind's strategy's
@@ -29,7 +31,8 @@ use crate::auth::node;
 /// Mutating admission of a new object, after its defaults.
 ///
 /// # Errors
-/// 403 from ServiceAccount admission ([`super::serviceaccounts`]).
+/// 403 from ServiceAccount admission ([`super::serviceaccounts`]) or
+/// DefaultStorageClass ([`super::storageadmission`]).
 pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> ApiResult<()> {
     if r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty() {
         // NamespaceLifecycle runs first upstream: a missing namespace is
@@ -38,6 +41,7 @@ pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> 
         super::serviceaccounts::admit(api, obj).await?;
         default_tolerations(obj, &api.default_toleration_seconds);
     }
+    super::storageadmission::mutate_create(api, r, obj).await?;
     Ok(())
 }
 
@@ -60,6 +64,7 @@ pub(crate) async fn validate(
         {
             super::serviceaccounts::validate_update(old, new)?;
         }
+        super::storageadmission::validate_update(api, r, old, new).await?;
     }
     let (Some(new), None) = (new, old) else {
         return Ok(());

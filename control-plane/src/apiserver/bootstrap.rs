@@ -1,5 +1,6 @@
-//! Objects every cluster has from its first start: the system namespaces
-//! and the default RBAC policy. Idempotent: existing objects are kept.
+//! Objects every cluster has from its first start: the system namespaces,
+//! the default RBAC policy and the `local-path` StorageClass. Idempotent:
+//! existing objects are kept.
 
 use std::sync::Arc;
 
@@ -66,6 +67,12 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
         )
         .await?;
     }
+    ensure(
+        api,
+        &system_req("storage.k8s.io", "storageclasses", None),
+        local_path_class(),
+    )
+    .await?;
     let list = api
         .store
         .list("/registry/core/services/", None, 0, None)
@@ -84,6 +91,23 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
     }
     kubernetes_service(api).await?;
     Ok(())
+}
+
+/// The built-in provisioner's class, the default one: claims work out of
+/// the box, each on the disk of the node its first pod runs on (hence
+/// WaitForFirstConsumer). An administrator's edits (or removal of the
+/// default mark) are kept across restarts: it is only created when
+/// missing.
+fn local_path_class() -> Value {
+    use kube_util::storage::{DEFAULT_CLASS_ANNOTATION, LOCAL_PATH_CLASS, LOCAL_PATH_PROVISIONER};
+    json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": LOCAL_PATH_CLASS, "annotations": {DEFAULT_CLASS_ANNOTATION: "true"}},
+        "provisioner": LOCAL_PATH_PROVISIONER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowVolumeExpansion": true,
+    })
 }
 
 /// The `kubernetes` service in `default` (first ClusterIP of the range),

@@ -8,7 +8,9 @@
 //! - [`strategy`]: each kind's rules (defaults, validation, allocation,
 //!   deletion, its own subresources, table columns), reached from its row
 //! - [`model`]: each kind's typed model (canonical JSON, unknown fields)
-//! - [`admission`]: the built-in admission plugins around every write
+//! - [`admission`]: the built-in admission plugins around every write;
+//!   [`storageadmission`]: the storage ones (default class, protection
+//!   finalizers, resize)
 //! - [`subresources`]: generic status and scale, dispatch to the kinds' own
 //! - [`nodeproxy`]: pods/log, exec, attach, portforward proxied to the node
 //! - [`watch`]: watch streams with bookmarks and 410 Gone
@@ -45,6 +47,7 @@ pub mod review;
 pub mod selectors;
 pub mod serviceaccounts;
 pub mod status;
+pub mod storageadmission;
 pub mod strategy;
 pub mod subresources;
 pub mod table;

@@ -147,6 +147,7 @@ pub fn attributes(method: &Method, target: &Target, query: &Query, path: &str) -
             namespace: p.namespace.clone().unwrap_or_default(),
             name: p.name.clone().unwrap_or_default(),
             path: path.to_string(),
+            label_selector: query.0.get("labelSelector").cloned().unwrap_or_default(),
         },
         _ => Attributes {
             verb: method.as_str().to_lowercase(),

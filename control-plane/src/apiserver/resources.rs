@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use k8s_openapi::api::{
     apps, authentication, authorization, batch, certificates, coordination, core, discovery,
-    events, rbac,
+    events, rbac, storage,
 };
 
 use super::model::{Model, Typed};
@@ -174,6 +174,15 @@ pub static RESOURCES: &[ResourceDef] = &[
     kind::<core::v1::ServiceAccount>()
         .short(&["sa"])
         .rules(&strategy::serviceaccount::ServiceAccount),
+    kind::<core::v1::PersistentVolume>()
+        .cluster()
+        .short(&["pv"])
+        .with_status()
+        .rules(&strategy::storage::volume::PersistentVolume),
+    kind::<core::v1::PersistentVolumeClaim>()
+        .short(&["pvc"])
+        .with_status()
+        .rules(&strategy::storage::claim::PersistentVolumeClaim),
     kind::<apps::v1::Deployment>()
         .short(&["deploy"])
         .all()
@@ -236,6 +245,20 @@ pub static RESOURCES: &[ResourceDef] = &[
         .short(&["csr"])
         .with_status()
         .rules(&strategy::csr::Csr),
+    kind::<storage::v1::StorageClass>()
+        .cluster()
+        .short(&["sc"])
+        .rules(&strategy::storage::class::StorageClass),
+    kind::<storage::v1::CSIDriver>()
+        .cluster()
+        .rules(&strategy::storage::csi::CsiDriver),
+    kind::<storage::v1::CSINode>()
+        .cluster()
+        .rules(&strategy::storage::csi::CsiNode),
+    kind::<storage::v1::VolumeAttachment>()
+        .cluster()
+        .with_status()
+        .rules(&strategy::storage::csi::VolumeAttachment),
 ];
 
 /// A resource computed per request (see [`ResourceDef::computed`]).

@@ -77,6 +77,8 @@ async fn access_review(
             namespace: s(ra, "namespace"),
             name: s(ra, "name"),
             path: String::new(),
+            // Upstream's selector attributes (1.31+): the raw form.
+            label_selector: s(&ra["labelSelector"], "rawSelector"),
         }
     } else if let Some(nr) = spec.get("nonResourceAttributes").filter(|v| v.is_object()) {
         Attributes {

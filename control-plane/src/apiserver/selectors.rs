@@ -156,6 +156,18 @@ impl LabelSelector {
         self.0.is_empty()
     }
 
+    /// Whether every object this selects has label `key` = `value`.
+    pub fn requires(&self, key: &str, value: &str) -> bool {
+        self.0.iter().any(|r| {
+            r.key == key
+                && match &r.op {
+                    Op::Eq(v) => v == value,
+                    Op::In(vs) => vs.iter().all(|v| v == value),
+                    _ => false,
+                }
+        })
+    }
+
     pub fn matches_labels(&self, labels: &[(&str, &str)]) -> bool {
         self.0.iter().all(|r| {
             let v = labels.iter().find(|(k, _)| *k == r.key).map(|(_, v)| *v);

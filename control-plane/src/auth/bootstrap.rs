@@ -120,6 +120,17 @@ pub fn cluster_roles() -> Vec<Value> {
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "delete", "get", "patch", "update"]},
                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": RO},
                 {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["persistentvolumeclaims", "persistentvolumes"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["persistentvolumeclaims/status"], "verbs": ["get", "patch", "update"]},
+            ]),
+        ),
+        // What the scheduler's volume binding writes: the selected node on
+        // a claim, a pre-bound PV's claimRef.
+        role(
+            "system:volume-scheduler",
+            json!([
+                {"apiGroups": [""], "resources": ["persistentvolumes", "persistentvolumeclaims"], "verbs": ["get", "list", "watch", "patch", "update"]},
+                {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses", "csinodes", "csidrivers"], "verbs": RO},
             ]),
         ),
         role(
@@ -204,6 +215,11 @@ pub fn cluster_roles() -> Vec<Value> {
         binding(
             "system:kube-scheduler",
             "system:kube-scheduler",
+            json!([user("system:kube-scheduler")]),
+        ),
+        binding(
+            "system:volume-scheduler",
+            "system:volume-scheduler",
             json!([user("system:kube-scheduler")]),
         ),
         binding(

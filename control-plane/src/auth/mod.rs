@@ -28,9 +28,26 @@ pub struct Attributes {
     pub name: String,
     /// Non-resource requests: the path.
     pub path: String,
+    /// A list's or watch's `labelSelector` (upstream's selector
+    /// authorization attributes): a node may list only its own volumes.
+    pub label_selector: String,
 }
 
 impl Attributes {
+    /// A resource request's attributes (core group), for tests.
+    #[cfg(test)]
+    pub fn resource(verb: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Attributes {
+        Attributes {
+            verb: verb.into(),
+            resource_request: true,
+            resource: resource.into(),
+            subresource: sub.into(),
+            namespace: ns.into(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
     /// The message of a 403, as upstream words it.
     pub fn forbidden_message(&self, user: &str) -> String {
         if !self.resource_request {

@@ -2,11 +2,15 @@
 //! (`system:node:NAME` in `system:nodes`) may read what nodes read, write
 //! only its own Node and Lease and the status of pods bound to it, read
 //! only the secrets and configmaps its pods use, and mint only tokens of
-//! the ServiceAccounts its pods run as, bound to those pods.
+//! the ServiceAccounts its pods run as, bound to those pods. Storage
+//! follows upstream's graph: the claims its pods use (and their status),
+//! the PVs bound to those; skiff's local-path agent also watches the PVs
+//! labelled with its node and removes their cleanup finalizer.
 
 use serde_json::Value;
 
 use super::Attributes;
+use crate::apiserver::selectors::LabelSelector;
 use crate::store::Store;
 
 /// An authorizer's verdict.
@@ -86,6 +90,40 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
         ("", "serviceaccounts") if a.subresource == "token" => {
             authorize_create_token(node, a, store).await
         }
+        ("", "persistentvolumeclaims") => {
+            let ok = match a.subresource.as_str() {
+                "" => verb == "get",
+                // Volume expansion reports the new size.
+                "status" => matches!(verb, "get" | "update" | "patch"),
+                _ => false,
+            };
+            if !ok || a.name.is_empty() {
+                return Decision::Deny("can only get individual resources of this type".into());
+            }
+            if referenced_by_node_pod(store, node, &a.namespace, &a.resource, &a.name).await {
+                Decision::Allow
+            } else {
+                no_relationship(node, a)
+            }
+        }
+        ("", "persistentvolumes") if a.subresource.is_empty() => match verb {
+            "get" if !a.name.is_empty() => {
+                if volume_of_node_claim(store, node, &a.name).await {
+                    Decision::Allow
+                } else {
+                    no_relationship(node, a)
+                }
+            }
+            // The agent's local-path cleanup watches its own volumes.
+            "list" | "watch" if selects_own_local_path(node, &a.label_selector) => Decision::Allow,
+            "list" | "watch" => Decision::Deny(format!(
+                "node {node:?} can only list and watch persistentvolumes with labelSelector {}={node}",
+                LOCAL_PATH_NODE_LABEL
+            )),
+            // Which PV and which change: checked in [`admit`].
+            "update" | "patch" if !a.name.is_empty() => Decision::Allow,
+            _ => Decision::Deny("can only get individual resources of this type".into()),
+        },
         ("", "secrets") | ("", "configmaps") | ("", "serviceaccounts")
             if read && !a.name.is_empty() && a.subresource.is_empty() =>
         {
@@ -100,6 +138,80 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
         }
         _ => Decision::NoOpinion,
     }
+}
+
+const LOCAL_PATH_NODE_LABEL: &str = "skiff.io/local-path-node";
+const LOCAL_PATH_CLEANUP_FINALIZER: &str = "skiff.io/local-path-cleanup";
+
+fn no_relationship(node: &str, a: &Attributes) -> Decision {
+    let what = if a.namespace.is_empty() {
+        a.name.clone()
+    } else {
+        format!("{}/{}", a.namespace, a.name)
+    };
+    Decision::Deny(format!(
+        "no relationship found between node {node:?} and this object ({} {what})",
+        a.resource
+    ))
+}
+
+/// Whether a label selector restricts a list to the local-path PVs of
+/// `node`: it requires `skiff.io/local-path-node=<node>`; any other
+/// requirement only narrows it further.
+pub fn selects_own_local_path(node: &str, selector: &str) -> bool {
+    LabelSelector::parse(selector).is_ok_and(|s| s.requires(LOCAL_PATH_NODE_LABEL, node))
+}
+
+/// Whether PV `name` is bound to a claim a pod of `node` uses: the
+/// claim's `spec.volumeName` names it (upstream's pvc -> pv edge).
+async fn volume_of_node_claim(store: &dyn Store, node: &str, name: &str) -> bool {
+    let Ok(list) = store.list("/registry/core/pods/", None, 0, None).await else {
+        return false;
+    };
+    for pod in list
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+        .filter(|p| p["spec"]["nodeName"].as_str() == Some(node))
+    {
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+        for claim in pod_claims(&pod) {
+            let key = format!("/registry/core/persistentvolumeclaims/{ns}/{claim}");
+            let Ok(Some(kv)) = store.get(&key).await else {
+                continue;
+            };
+            let Ok(pvc) = serde_json::from_slice::<Value>(&kv.value) else {
+                continue;
+            };
+            if pvc["spec"]["volumeName"].as_str() == Some(name) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// The claims a pod's volumes use: `persistentVolumeClaim.claimName`,
+/// and `<pod>-<volume>` for generic ephemeral volumes.
+fn pod_claims(pod: &Value) -> Vec<String> {
+    let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            if let Some(c) = v["persistentVolumeClaim"]["claimName"].as_str() {
+                Some(c.to_string())
+            } else if v["ephemeral"].is_object() {
+                Some(format!(
+                    "{pod_name}-{}",
+                    v["name"].as_str().unwrap_or_default()
+                ))
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// `create serviceaccounts/token`: only for a ServiceAccount a pod bound
@@ -146,6 +258,7 @@ pub fn pod_references(pod: &Value, resource: &str, name: &str) -> bool {
     let eq = |v: &Value| v.as_str() == Some(name);
     match resource {
         "serviceaccounts" => eq(&spec["serviceAccountName"]),
+        "persistentvolumeclaims" => pod_claims(pod).iter().any(|c| c == name),
         "secrets" | "configmaps" => {
             let (vol_key, vol_name, env_key, ref_key) = if resource == "secrets" {
                 ("secret", "secretName", "secretKeyRef", "secretRef")
@@ -256,7 +369,53 @@ pub fn admit(
         ("coordination.k8s.io", "leases") => {
             only_own(node, "lease", a, old, new)?;
         }
+        ("", "persistentvolumes") if matches!(a.verb.as_str(), "update" | "patch") => {
+            admit_volume_update(node, old, new)?;
+        }
         _ => {}
+    }
+    Ok(())
+}
+
+/// A node may change a PV only to remove finalizers from a local-path PV
+/// labelled with its name: the last step of its cleanup.
+fn admit_volume_update(node: &str, old: Option<&Value>, new: Option<&Value>) -> Result<(), String> {
+    let (Some(old), Some(new)) = (old, new) else {
+        return Err(format!(
+            "node {node:?} can only update existing persistentvolumes"
+        ));
+    };
+    let name = old["metadata"]["name"].as_str().unwrap_or_default();
+    if old["metadata"]["labels"][LOCAL_PATH_NODE_LABEL].as_str() != Some(node) {
+        return Err(format!(
+            "node {node:?} is not allowed to modify persistentvolume {name:?}: it is not labelled {LOCAL_PATH_NODE_LABEL}={node}"
+        ));
+    }
+    let finalizers = |o: &Value| -> Vec<String> {
+        o["metadata"]["finalizers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str().map(String::from))
+            .collect()
+    };
+    let (was, is) = (finalizers(old), finalizers(new));
+    let only_removed = is.iter().all(|f| was.contains(f));
+    // Everything else must stay as stored: the object's spec, status,
+    // labels, annotations and owners.
+    let same = |path: &[&str]| {
+        let get = |o: &Value| path.iter().fold(o.clone(), |v, k| v[*k].clone());
+        get(old) == get(new)
+    };
+    let unchanged = same(&["spec"])
+        && (new["status"].is_null() || same(&["status"]))
+        && same(&["metadata", "labels"])
+        && same(&["metadata", "annotations"])
+        && same(&["metadata", "ownerReferences"]);
+    if !only_removed || !unchanged {
+        return Err(format!(
+            "node {node:?} can only remove finalizers (such as {LOCAL_PATH_CLEANUP_FINALIZER}) from persistentvolume {name:?}"
+        ));
     }
     Ok(())
 }
@@ -363,6 +522,178 @@ mod tests {
         let other = tr(json!({"kind": "Pod", "apiVersion": "v1", "name": "p", "uid": "u0"}));
         assert!(err("n1", Some(&pod), &other)
             .starts_with("the UID in the bound object reference (u0) does not match"));
+    }
+
+    #[test]
+    fn pv_list_selector_must_name_the_node() {
+        assert!(selects_own_local_path("n1", "skiff.io/local-path-node=n1"));
+        assert!(selects_own_local_path(
+            "n1",
+            "a=b, skiff.io/local-path-node==n1"
+        ));
+        assert!(!selects_own_local_path("n1", "skiff.io/local-path-node=n2"));
+        assert!(!selects_own_local_path(
+            "n1",
+            "skiff.io/local-path-node!=n2"
+        ));
+        assert!(!selects_own_local_path("n1", "skiff.io/local-path-node"));
+        assert!(!selects_own_local_path(
+            "n1",
+            "skiff.io/local-path-node in (n1,n2)"
+        ));
+        assert!(!selects_own_local_path("n1", ""));
+    }
+
+    #[test]
+    fn nodes_only_remove_finalizers_of_their_local_path_volumes() {
+        let a = Attributes {
+            verb: "update".into(),
+            resource_request: true,
+            resource: "persistentvolumes".into(),
+            name: "pv1".into(),
+            ..Default::default()
+        };
+        let old = json!({"metadata": {"name": "pv1", "labels": {"skiff.io/local-path-node": "n1"},
+            "finalizers": ["kubernetes.io/pv-protection", "skiff.io/local-path-cleanup"]},
+            "spec": {"local": {"path": "/r/v"}, "persistentVolumeReclaimPolicy": "Delete"},
+            "status": {"phase": "Released"}});
+        let mut new = old.clone();
+        new["metadata"]["finalizers"] = json!(["kubernetes.io/pv-protection"]);
+        assert_eq!(admit("n1", &a, Some(&old), Some(&new)), Ok(()));
+        assert!(admit("n2", &a, Some(&old), Some(&new))
+            .unwrap_err()
+            .contains("is not labelled skiff.io/local-path-node=n2"));
+        let mut added = old.clone();
+        added["metadata"]["finalizers"] = json!(["x"]);
+        assert!(admit("n1", &a, Some(&old), Some(&added)).is_err());
+        let mut respec = new.clone();
+        respec["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
+        assert!(admit("n1", &a, Some(&old), Some(&respec)).is_err());
+        let mut relabel = new.clone();
+        relabel["metadata"]["labels"]["skiff.io/local-path-node"] = json!("n2");
+        assert!(admit("n1", &a, Some(&old), Some(&relabel)).is_err());
+        let mut restatus = new;
+        restatus["status"]["phase"] = json!("Available");
+        assert!(admit("n1", &a, Some(&old), Some(&restatus)).is_err());
+        assert!(admit("n1", &a, None, Some(&old)).is_err());
+    }
+
+    #[tokio::test]
+    async fn nodes_read_the_claims_and_volumes_of_their_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::SqliteStore::open(dir.path().join("s.db"))
+            .await
+            .unwrap();
+        let put = |key: String, v: Value| {
+            let store = &store;
+            async move {
+                store
+                    .create(&key, serde_json::to_vec(&v).unwrap())
+                    .await
+                    .unwrap();
+            }
+        };
+        put(
+            "/registry/core/pods/ns/a".into(),
+            json!({"metadata": {"name": "a", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c1"}},
+                {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]}}),
+        )
+        .await;
+        put("/registry/core/pods/ns/b".into(), json!({"metadata": {"name": "b", "namespace": "ns"},
+            "spec": {"nodeName": "n2", "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "c2"}}]}})).await;
+        for (claim, pv) in [("c1", "pv1"), ("a-scratch", "pv2"), ("c2", "pv3")] {
+            put(
+                format!("/registry/core/persistentvolumeclaims/ns/{claim}"),
+                json!({"metadata": {"name": claim, "namespace": "ns"}, "spec": {"volumeName": pv}}),
+            )
+            .await;
+        }
+        let at = Attributes::resource;
+        let d = |a: Attributes, sel: Option<&'static str>| {
+            let store = &store;
+            let a = Attributes {
+                label_selector: sel.unwrap_or_default().into(),
+                ..a
+            };
+            async move { authorize("n1", &a, store).await }
+        };
+        let pvc = "persistentvolumeclaims";
+        let pv = "persistentvolumes";
+        assert_eq!(
+            d(at("get", pvc, "", "ns", "c1"), None).await,
+            Decision::Allow
+        );
+        assert_eq!(
+            d(at("get", pvc, "", "ns", "a-scratch"), None).await,
+            Decision::Allow
+        );
+        assert!(matches!(d(at("get", pvc, "", "ns", "c2"), None).await,
+            Decision::Deny(m) if m == "no relationship found between node \"n1\" and this object (persistentvolumeclaims ns/c2)"));
+        assert!(matches!(
+            d(at("list", pvc, "", "ns", ""), None).await,
+            Decision::Deny(_)
+        ));
+        assert!(matches!(
+            d(at("update", pvc, "", "ns", "c1"), None).await,
+            Decision::Deny(_)
+        ));
+        assert_eq!(
+            d(at("patch", pvc, "status", "ns", "c1"), None).await,
+            Decision::Allow
+        );
+        assert!(matches!(
+            d(at("patch", pvc, "status", "ns", "c2"), None).await,
+            Decision::Deny(_)
+        ));
+        assert_eq!(d(at("get", pv, "", "", "pv1"), None).await, Decision::Allow);
+        assert_eq!(d(at("get", pv, "", "", "pv2"), None).await, Decision::Allow);
+        assert!(matches!(
+            d(at("get", pv, "", "", "pv3"), None).await,
+            Decision::Deny(_)
+        ));
+        assert!(matches!(
+            d(at("list", pv, "", "", ""), None).await,
+            Decision::Deny(_)
+        ));
+        assert!(matches!(
+            d(
+                at("watch", pv, "", "", ""),
+                Some("skiff.io/local-path-node=n2")
+            )
+            .await,
+            Decision::Deny(_)
+        ));
+        assert_eq!(
+            d(
+                at("watch", pv, "", "", ""),
+                Some("skiff.io/local-path-node=n1")
+            )
+            .await,
+            Decision::Allow
+        );
+        assert_eq!(
+            d(
+                at("list", pv, "", "", ""),
+                Some("skiff.io/local-path-node=n1")
+            )
+            .await,
+            Decision::Allow
+        );
+        assert_eq!(
+            d(at("update", pv, "", "", "pv9"), None).await,
+            Decision::Allow,
+            "checked in admit"
+        );
+        assert!(matches!(
+            d(at("delete", pv, "", "", "pv1"), None).await,
+            Decision::Deny(_)
+        ));
+        assert!(matches!(
+            d(at("create", pv, "", "", ""), None).await,
+            Decision::Deny(_)
+        ));
     }
 
     #[tokio::test]

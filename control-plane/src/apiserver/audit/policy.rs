@@ -389,7 +389,7 @@ mod tests {
             subresource: sub.into(),
             namespace: ns.into(),
             name: name.into(),
-            path: String::new(),
+            ..Default::default()
         }
     }
 

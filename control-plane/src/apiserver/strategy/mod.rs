@@ -14,7 +14,8 @@
 //!   [`node`], [`job`], [`workloads`] (Deployment, ReplicaSet, DaemonSet),
 //!   [`componentstatus`] (computed, never stored),
 //!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`],
-//!   [`serviceaccount`] (TokenRequest), and
+//!   [`serviceaccount`] (TokenRequest), [`storage`] (PersistentVolumes,
+//!   claims, StorageClasses, the CSI kinds), and
 //!   [`printed`] for the kinds whose only rule is how `kubectl get` prints
 //!   them.
 
@@ -31,6 +32,7 @@ pub mod rbac;
 pub mod secret;
 pub mod service;
 pub mod serviceaccount;
+pub mod storage;
 pub mod workloads;
 
 use std::sync::Arc;

@@ -147,15 +147,7 @@ mod tests {
     use super::*;
 
     fn attrs(verb: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Attributes {
-        Attributes {
-            verb: verb.into(),
-            resource_request: true,
-            resource: resource.into(),
-            subresource: sub.into(),
-            namespace: ns.into(),
-            name: name.into(),
-            ..Default::default()
-        }
+        Attributes::resource(verb, resource, sub, ns, name)
     }
 
     #[test]
