@@ -183,9 +183,8 @@ async fn sync(shared: &Shared, pod: &Pod, st: &mut PodState) -> SyncResult {
         // WaitForAttachAndMount); kills and clean-ups still happen.
         plan.start.clear();
         plan.create_sandbox = None;
-        let r = plan
-            .requeue_after
-            .map_or(crate::volumes::RETRY, |r| r.min(crate::volumes::RETRY));
+        let retry = volumes.retry_after();
+        let r = plan.requeue_after.map_or(retry, |r| r.min(retry));
         plan.requeue_after = Some(r);
     }
     st.waiting = plan

@@ -53,6 +53,10 @@ pub use self::error::Error;
 /// env names, tries again (the object may appear at any moment).
 pub const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How often a pod waiting for its claims to be bound looks again (the
+/// kubelet's WaitForAttachAndMount polls at 300 ms).
+pub const CLAIM_POLL: Duration = Duration::from_millis(300);
+
 const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
 const CONFIG_MAP: &str = "kubernetes.io~configmap";
 const SECRET: &str = "kubernetes.io~secret";
@@ -86,6 +90,9 @@ pub struct VolumeError {
     pub blocking: bool,
     /// New or not reported for a while: worth an event.
     pub report: bool,
+    /// Waiting for its claim to be bound, which the controllers do within
+    /// moments: polled at [`CLAIM_POLL`].
+    pub awaiting_binding: bool,
 }
 
 impl std::fmt::Display for VolumeError {
@@ -110,6 +117,17 @@ impl Setup {
     /// Some volume never came up: the pod's containers wait.
     pub fn blocked(&self) -> bool {
         self.errors.iter().any(|e| e.blocking)
+    }
+
+    /// When a blocked pod tries again: [`CLAIM_POLL`] while only claims
+    /// being bound hold it, else [`RETRY`].
+    pub fn retry_after(&self) -> Duration {
+        let blocking = self.errors.iter().filter(|e| e.blocking);
+        if blocking.clone().next().is_some() && blocking.into_iter().all(|e| e.awaiting_binding) {
+            CLAIM_POLL
+        } else {
+            RETRY
+        }
     }
 }
 
@@ -295,6 +313,7 @@ impl VolumeManager {
                     reported.remove(&key);
                 }
                 Err(e) => {
+                    let awaiting_binding = matches!(e, Error::ClaimNotBound { .. });
                     let message = e.to_string();
                     let now = Instant::now();
                     let report = match reported.get(&key) {
@@ -310,6 +329,7 @@ impl VolumeManager {
                         // A refresh failure keeps the last good files.
                         blocking: !populated,
                         report,
+                        awaiting_binding,
                     });
                 }
             }
