@@ -190,20 +190,10 @@ pub fn volume_matches_claim(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) 
     if pv.metadata.deletion_timestamp.is_some() {
         return false;
     }
-    let prebound = match &ps.claim_ref {
-        Some(r) => {
-            let same = r.name.as_deref() == pvc.metadata.name.as_deref()
-                && r.namespace.as_deref() == pvc.metadata.namespace.as_deref()
-                && r.uid
-                    .as_deref()
-                    .is_none_or(|u| Some(u) == pvc.metadata.uid.as_deref());
-            if !same {
-                return false;
-            }
-            true
-        }
-        None => false,
-    };
+    let prebound = ps.claim_ref.is_some();
+    if prebound && !claim_ref_names(pv, pvc) {
+        return false;
+    }
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
     if !prebound && !matches!(phase, None | Some("Available" | "Pending")) {
         return false;
@@ -230,6 +220,21 @@ pub fn volume_matches_claim(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) 
         }
     }
     true
+}
+
+/// Whether `pv`'s claimRef names `pvc`: same name and namespace, and the
+/// same uid once the ref has one (an empty uid pre-binds by name, as
+/// upstream).
+pub fn claim_ref_names(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
+    let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
+        return false;
+    };
+    r.name.as_deref() == pvc.metadata.name.as_deref()
+        && r.namespace.as_deref() == pvc.metadata.namespace.as_deref()
+        && r.uid
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .is_none_or(|u| Some(u) == pvc.metadata.uid.as_deref())
 }
 
 /// Whether a PV's `nodeAffinity` allows `node` (no affinity: every node).

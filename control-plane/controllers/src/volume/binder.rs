@@ -69,19 +69,6 @@ fn has_annotation(meta: &kube::api::ObjectMeta, key: &str) -> bool {
         .is_some_and(|a| a.contains_key(key))
 }
 
-/// Whether `pv`'s claimRef names `pvc` (uid: equal, or not set yet).
-pub fn refers_to(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
-    let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
-        return false;
-    };
-    r.name.as_deref() == pvc.metadata.name.as_deref()
-        && r.namespace.as_deref() == pvc.metadata.namespace.as_deref()
-        && r.uid
-            .as_deref()
-            .filter(|u| !u.is_empty())
-            .is_none_or(|u| Some(u) == pvc.metadata.uid.as_deref())
-}
-
 /// What a volume whose claim is gone becomes, by its reclaim policy.
 pub fn reclaim(pv: &PersistentVolume) -> VolumeAction {
     let policy = pv
@@ -200,7 +187,7 @@ pub enum ClaimAction {
 
 /// Whether the binding of `pvc` to `pv` is written in full.
 pub fn binding_complete(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
-    let pv_ok = refers_to(pv, pvc)
+    let pv_ok = storage::claim_ref_names(pv, pvc)
         && pv
             .spec
             .as_ref()
@@ -252,7 +239,7 @@ pub fn sync_claim(
     // scheduler, or provisioned for it) comes first.
     let mut prebound: Vec<&Arc<PersistentVolume>> = pvs
         .iter()
-        .filter(|pv| refers_to(pv, pvc) && storage::volume_matches_claim(pv, pvc))
+        .filter(|pv| storage::claim_ref_names(pv, pvc) && storage::volume_matches_claim(pv, pvc))
         .collect();
     prebound.sort_by_key(|pv| pv.name_any());
     if let Some(pv) = prebound.first() {
@@ -318,7 +305,7 @@ fn sync_named_claim(
         };
     };
     let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-    if claim_ref.is_some() && !refers_to(pv, pvc) {
+    if claim_ref.is_some() && !storage::claim_ref_names(pv, pvc) {
         return if was_bound {
             if claim_phase(pvc) == Some("Lost") {
                 ClaimAction::None
