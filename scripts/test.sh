@@ -8,6 +8,9 @@ bash scripts/deps.sh
 bash scripts/test-deps.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 
+# A clean build gains nothing from incremental state, which would add
+# gigabytes to target/ beside the test binaries.
+export CARGO_INCREMENTAL=0
 # Build everything first so the e2e tests find the binaries they run.
 cargo build --workspace --bins --tests --quiet
 # The e2e fixtures run these; given here, they do not run cargo themselves

@@ -33,6 +33,8 @@
 //!   shares nothing writable with the host.
 //! - [`python`]: scripts of `tests/python/` run with the official Python
 //!   client (pinned, installed by `scripts/test-deps.sh`) against a cluster.
+//! - [`bench`]: what the cluster benchmarks share (sizes, a pod watch that
+//!   counts pods reaching a state, waiting for a round's pods to go).
 //! - [`cleanup`]: teardown in dependency order (CRI, containerd, runc,
 //!   shims, mounts, netns, bridge, iptables/nft, directory, subnet lease),
 //!   run from `Drop` even after a panic, and a sweeper that tears down runs
@@ -45,6 +47,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod bench;
 pub mod cleanup;
 pub mod cluster;
 pub mod containerd;
