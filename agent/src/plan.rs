@@ -23,6 +23,9 @@ pub struct Start {
     pub existing: Option<String>,
     /// The previous run of this container, if it crashed: (ran for, key).
     pub previous_run: Option<Duration>,
+    /// An ephemeral container's target: the running container whose PID
+    /// namespace it joins.
+    pub target_id: Option<String>,
 }
 
 /// A container waiting on its back-off.
@@ -138,12 +141,15 @@ pub fn compute_probed(
             .containers()
             .iter()
             .chain(pod.init_containers())
-            .any(|s| s.name == c.name);
+            .any(|s| s.name == c.name)
+            || pod.ephemeral_containers().iter().any(|e| e.name == c.name);
         if !known {
             plan.kill
                 .push((c.id.clone(), grace, "not in the pod spec".into()));
         }
     }
+
+    ephemeral(pod, rt, &sandbox.id, &mut plan);
 
     // Init containers, one at a time, in order.
     for spec in pod.init_containers() {
@@ -219,6 +225,39 @@ pub fn compute_probed(
     }
     gc_containers(rt, &mut plan);
     plan
+}
+
+/// Ephemeral containers never run so far, each started once in the
+/// running sandbox whatever the pod's state (the kubelet's
+/// `EphemeralContainersToStart`); one with a target waits for the target
+/// to run, whose PID namespace it joins.
+fn ephemeral(pod: &Pod, rt: &PodRuntime, sandbox: &str, plan: &mut Plan) {
+    for e in pod.ephemeral_containers() {
+        let existing = match rt.latest(&e.name) {
+            None => None,
+            // Created, never started (the agent died in between).
+            Some(c) if c.state == State::Created && c.sandbox_id == sandbox => Some(c),
+            Some(_) => continue,
+        };
+        let target_id = match e.target_container_name.as_deref().filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => match rt
+                .latest_in(t, sandbox)
+                .filter(|c| c.state == State::Running)
+            {
+                Some(c) => Some(c.id.clone()),
+                None => continue,
+            },
+        };
+        plan.start.push(Start {
+            name: e.name.clone(),
+            init: false,
+            restart_count: 0,
+            existing: existing.map(|c| c.id.clone()),
+            previous_run: None,
+            target_id,
+        });
+    }
 }
 
 /// The Killing message (upstream's wording, which is also the kill's
@@ -308,6 +347,7 @@ fn start_of(
         restart_count,
         existing: existing.map(|c| c.id.clone()),
         previous_run: None,
+        target_id: None,
     }
 }
 

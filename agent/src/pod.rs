@@ -1,7 +1,7 @@
 //! Small accessors on k8s-openapi's Pod, so the rest of the agent reads
 //! `pod.uid()` instead of unwrapping options everywhere.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod};
 
 /// Restart policy of a pod (`spec.restartPolicy`, default Always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,16 @@ pub trait PodExt {
             .iter()
             .chain(self.init_containers())
             .find(|c| c.name == name)
+    }
+    /// `spec.ephemeralContainers`: debugging containers, started once each
+    /// in the running sandbox and never restarted.
+    fn ephemeral_containers(&self) -> &[EphemeralContainer];
+    /// The ephemeral container named `name`, as the Container it runs as.
+    fn ephemeral_container(&self, name: &str) -> Option<Container> {
+        self.ephemeral_containers()
+            .iter()
+            .find(|c| c.name == name)
+            .map(as_container)
     }
     /// The API server has set a deletionTimestamp: stop it, then let the
     /// API delete it.
@@ -96,6 +106,12 @@ impl PodExt for Pod {
             .and_then(|s| s.init_containers.as_deref())
             .unwrap_or_default()
     }
+    fn ephemeral_containers(&self) -> &[EphemeralContainer] {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.ephemeral_containers.as_deref())
+            .unwrap_or_default()
+    }
     fn is_being_deleted(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
@@ -117,5 +133,29 @@ impl PodExt for Pod {
             .as_ref()
             .and_then(|a| a.get(crate::source::CONFIG_SOURCE_ANNOTATION))
             .is_some_and(|s| s != crate::source::API_SOURCE)
+    }
+}
+
+/// An ephemeral container as a Container: the same fields, less the
+/// target, which only decides its PID namespace.
+pub fn as_container(e: &EphemeralContainer) -> Container {
+    Container {
+        name: e.name.clone(),
+        image: e.image.clone(),
+        image_pull_policy: e.image_pull_policy.clone(),
+        command: e.command.clone(),
+        args: e.args.clone(),
+        working_dir: e.working_dir.clone(),
+        env: e.env.clone(),
+        env_from: e.env_from.clone(),
+        volume_mounts: e.volume_mounts.clone(),
+        volume_devices: e.volume_devices.clone(),
+        security_context: e.security_context.clone(),
+        stdin: e.stdin,
+        stdin_once: e.stdin_once,
+        tty: e.tty,
+        termination_message_path: e.termination_message_path.clone(),
+        termination_message_policy: e.termination_message_policy.clone(),
+        ..Container::default()
     }
 }

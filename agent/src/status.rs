@@ -49,6 +49,17 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
         .map(|c| container_status(c, false, !initialized, i))
         .collect();
     let phase = phase(pod, &init_statuses, &statuses);
+    // Ephemeral containers are reported as the kubelet does, like init
+    // containers: never ready, and no part of the pod's phase or
+    // conditions.
+    let ephemeral_statuses: Vec<ContainerStatus> = pod
+        .ephemeral_containers()
+        .iter()
+        .map(|e| ContainerStatus {
+            ready: false,
+            ..container_status(&crate::pod::as_container(e), true, false, i)
+        })
+        .collect();
 
     let sandbox = i.rt.current_sandbox();
     let mut ips: Vec<String> = sandbox
@@ -165,6 +176,8 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
         start_time: Some(Time(i.start_time)),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
+        ephemeral_container_statuses: (!ephemeral_statuses.is_empty())
+            .then_some(ephemeral_statuses),
         qos_class: Some(kube_util::qos::qos_class(pod).as_str().into()),
         ..Default::default()
     }

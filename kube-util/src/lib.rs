@@ -18,6 +18,7 @@
 //! - [`resources`]: a pod's effective requests, a node's allocatable.
 //! - [`qos`]: a pod's QoS class.
 //! - [`podstatus`]: the STATUS column of `kubectl get pods`.
+//! - [`cron`]: CronJob schedules and their next times.
 //! - [`duration`]: Go durations (`1m30s`) and kubectl ages (`5m3s`, `2d`).
 //! - [`informer`]: a watched cache per kind, its subscriptions, and the
 //!   factory that shares them across a process.
@@ -26,6 +27,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cron;
 pub mod duration;
 pub mod events;
 pub mod informer;

@@ -41,7 +41,8 @@ pub async fn pod_watch(
     pods: &Api<Pod>,
     label: &str,
 ) -> Result<BoxStream<'static, Result<Event<Pod>, watcher::Error>>> {
-    let mut events = watcher::watcher(pods.clone(), watcher::Config::default().labels(label)).boxed();
+    let mut events =
+        watcher::watcher(pods.clone(), watcher::Config::default().labels(label)).boxed();
     while let Some(ev) = events.try_next().await? {
         if matches!(ev, Event::InitDone) {
             break;
@@ -64,7 +65,10 @@ pub async fn wait_pods(
     while seen.len() < n {
         let ev = match tokio::time::timeout_at(deadline.into(), events.try_next()).await {
             Ok(ev) => ev?,
-            Err(_) => bail!("{what}: only {} of {n} pods after {ROUND_LIMIT:?}", seen.len()),
+            Err(_) => bail!(
+                "{what}: only {} of {n} pods after {ROUND_LIMIT:?}",
+                seen.len()
+            ),
         };
         let Some(Event::Apply(p) | Event::InitApply(p)) = ev else {
             continue;

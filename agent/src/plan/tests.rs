@@ -261,3 +261,53 @@ fn failed_liveness_kills_and_restarts_with_the_probe_grace() {
     assert_eq!(plan.kill[0].2, "Container a failed liveness probe");
     assert!(plan.start.is_empty());
 }
+
+fn with_debugger(target: &str) -> Pod {
+    pod(&format!(
+        "metadata: {{name: p, uid: u}}\nspec:\n  restartPolicy: Always\n  containers: [{{name: a, image: i}}, {{name: b, image: i}}]\n  ephemeralContainers: [{{name: dbg, image: i, targetContainerName: '{target}'}}]\n"
+    ))
+}
+
+#[test]
+fn ephemeral_container_starts_once_in_the_target_pid_namespace() {
+    let p = with_debugger("a");
+    let mut rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![
+            container(&p, "a", State::Running, 0, 0),
+            container(&p, "b", State::Running, 0, 0),
+        ],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(names(&plan), vec!["dbg"]);
+    assert_eq!(plan.start[0].target_id.as_deref(), Some("a-0"));
+    assert!(plan.kill.is_empty());
+    // Running, then exited: never killed as unknown, never restarted.
+    rt.containers
+        .push(container(&p, "dbg", State::Running, 0, 0));
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan, Plan::default());
+    rt.containers.pop();
+    rt.containers
+        .push(container(&p, "dbg", State::Exited, 0, 1));
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(plan, Plan::default());
+}
+
+#[test]
+fn ephemeral_container_waits_for_its_target_and_not_for_a_new_sandbox() {
+    let p = with_debugger("a");
+    let rt = PodRuntime {
+        sandboxes: vec![sandbox("s1", true, SEC)],
+        containers: vec![
+            container(&p, "a", State::Created, 0, 0),
+            container(&p, "b", State::Running, 0, 0),
+        ],
+    };
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(names(&plan), vec!["a"]);
+    // A new sandbox starts the pod's own containers only.
+    let rt = PodRuntime::default();
+    let plan = compute(&p, &rt, &backoff(), Instant::now(), 100 * SEC);
+    assert_eq!(names(&plan), vec!["a", "b"]);
+}

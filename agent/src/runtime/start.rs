@@ -92,8 +92,16 @@ pub async fn start_container(
     ctx: &StartCtx<'_>,
 ) -> Result<(), StartError> {
     let cri = &shared.runtime.cri;
-    let Some(spec) = pod.container(&start.name) else {
-        return Ok(());
+    let ephemeral;
+    let spec = match pod.container(&start.name) {
+        Some(s) => s,
+        None => match pod.ephemeral_container(&start.name) {
+            Some(e) => {
+                ephemeral = e;
+                &ephemeral
+            }
+            None => return Ok(()),
+        },
     };
     let id = match &start.existing {
         Some(id) => id.clone(),
@@ -134,7 +142,7 @@ pub async fn start_container(
                 },
             };
             let cfg = match container_config(pod, spec, start.restart_count, &cctx) {
-                Ok(c) => c,
+                Ok(c) => with_target(c, start.target_id.as_deref()),
                 Err(e) => {
                     let msg = e.to_string();
                     shared
@@ -218,6 +226,25 @@ pub async fn start_container(
             Err(wait("RunContainerError", msg))
         }
     }
+}
+
+/// An ephemeral container with a target joins the target's PID
+/// namespace, unless the pod shares one already (hostPID,
+/// shareProcessNamespace), as the kubelet's container config.
+fn with_target(mut cfg: v1::ContainerConfig, target: Option<&str>) -> v1::ContainerConfig {
+    let Some(target) = target else {
+        return cfg;
+    };
+    let ns = cfg
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut());
+    if let Some(ns) = ns.filter(|ns| ns.pid == v1::NamespaceMode::Container as i32) {
+        ns.pid = v1::NamespaceMode::Target as i32;
+        ns.target_id = target.to_string();
+    }
+    cfg
 }
 
 /// The configMaps and secrets the container's env names; None without an

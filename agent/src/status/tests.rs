@@ -233,3 +233,32 @@ fn probes_drive_started_ready_and_conditions() {
     assert_eq!(cond(&s, "Ready").status, "True");
     assert_eq!(cond(&s, "ContainersReady").status, "True");
 }
+
+#[test]
+fn ephemeral_containers_are_reported_never_ready_and_apart() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  containers: [{name: a, image: i}]\n  ephemeralContainers: [{name: dbg, image: busybox}, {name: later, image: busybox}]\n");
+    let s = run(
+        &p,
+        &rt(
+            vec![
+                c(&p, "a", State::Running, 0, 0),
+                c(&p, "dbg", State::Exited, 0, 0),
+            ],
+            true,
+        ),
+        &HashMap::new(),
+    );
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    assert_eq!(cond(&s, "Ready").status, "True");
+    let e = s.ephemeral_container_statuses.as_ref().unwrap();
+    assert_eq!(e.len(), 2);
+    assert_eq!(e[0].name, "dbg");
+    assert_eq!(e[0].image, "busybox");
+    assert_eq!(e[0].container_id.as_deref(), Some("containerd://dbg0"));
+    assert_eq!(e[0].image_id, "sha256:abc");
+    assert!(!e[0].ready);
+    let t = e[0].state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!((t.exit_code, t.reason.as_deref()), (0, Some("Completed")));
+    let w = e[1].state.as_ref().unwrap().waiting.as_ref().unwrap();
+    assert_eq!(w.reason.as_deref(), Some("ContainerCreating"));
+}

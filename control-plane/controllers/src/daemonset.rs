@@ -47,6 +47,7 @@ struct State {
     client: kube::Client,
     pods: Store<Pod>,
     nodes: Store<Node>,
+    revisions: Store<k8s_openapi::api::apps::v1::ControllerRevision>,
     expectations: Arc<Expectations>,
     events: Recorder,
     /// `<ds key>/<node>` -> (last failure, current delay).
@@ -78,6 +79,9 @@ pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
         move |pod: &Pod, exists| owners_of(pod, exists, &dss, &exp)
     });
     let node_cache = ctx.informers.get::<Node>();
+    let revision_cache = ctx
+        .informers
+        .get::<k8s_openapi::api::apps::v1::ControllerRevision>();
     let _node_cache_trigger = workload::trigger(&node_cache, tx, {
         let dss = ds_cache.store().clone();
         let mut seen: HashMap<String, u64> = HashMap::new();
@@ -106,9 +110,11 @@ pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
         client,
         pods: pod_cache.store().clone(),
         nodes: node_cache.store().clone(),
+        revisions: revision_cache.store().clone(),
         expectations,
         backoff: Mutex::new(HashMap::new()),
     });
+    workload::ready(&revision_cache).await?;
     workload::drive("daemonset", ds_cache.store().clone(), rx, state, reconcile).await;
     Ok(())
 }
@@ -320,7 +326,11 @@ async fn reconcile(ds: Arc<DaemonSet>, st: Arc<State>) -> Result<Action> {
         requeue.push(d);
     }
 
-    let (status, next) = calculate_status(&ds, &hash, &nodes, &by_node, now);
+    let collisions = record_revision(&ds, &by_node, &hash, &st).await?;
+    let (mut status, next) = calculate_status(&ds, &hash, &nodes, &by_node, now);
+    if collisions > 0 {
+        status.collision_count = Some(collisions);
+    }
     requeue.extend(next);
     if ds.status.as_ref() != Some(&status) {
         let mut updated = (*ds).clone();
@@ -662,6 +672,58 @@ fn calculate_status(
         conditions: old.conditions,
     };
     (status, pods::next_available_in(&firsts, min_ready, now))
+}
+
+/// Record the template as a ControllerRevision named by the pods' hash
+/// (what `kubectl rollout history/undo ds` read), and trim the history to
+/// `revisionHistoryLimit`, keeping the revisions live pods run. Returns
+/// the collision count to record.
+async fn record_revision(
+    ds: &DaemonSet,
+    by_node: &HashMap<String, Vec<Arc<Pod>>>,
+    hash: &str,
+    st: &State,
+) -> Result<i32> {
+    use crate::workload_revision as revision;
+    let ns = ds.namespace().unwrap_or_default();
+    let uid = ds.uid().unwrap_or_default();
+    let api = Api::namespaced(st.client.clone(), &ns);
+    let revs = revision::owned(&st.revisions, &ns, &uid);
+    let labels = ds.spec.selector.match_labels.clone().unwrap_or_default();
+    let template = ds.spec.template.clone();
+    let recorded = ds.status.as_ref().and_then(|s| s.collision_count);
+    let collisions = recorded.unwrap_or(0);
+    let (_, collisions) = revision::ensure(
+        &api,
+        &revs,
+        ds,
+        &labels,
+        revision::data_of(&template),
+        collisions,
+        // The same hash the pods are labelled with.
+        |_, c| template_hash(&template, if c == collisions { recorded } else { Some(c) }),
+    )
+    .await?;
+    let name = ds.name_any();
+    let mut live: std::collections::HashSet<String> = by_node
+        .values()
+        .flatten()
+        .filter_map(|p| {
+            p.labels()
+                .get(REVISION_HASH)
+                .map(|h| revision::name(&name, h))
+        })
+        .collect();
+    live.insert(revision::name(&name, hash));
+    let revs = revision::owned(&st.revisions, &ns, &uid);
+    revision::truncate(
+        &api,
+        &revs,
+        &live,
+        ds.spec.revision_history_limit.unwrap_or(10),
+    )
+    .await?;
+    Ok(collisions)
 }
 
 #[cfg(test)]

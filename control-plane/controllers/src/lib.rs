@@ -16,8 +16,10 @@ use tokio::task::JoinSet;
 
 pub mod certificates;
 pub mod cidrset;
+pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpointslice;
 pub mod gc;
 pub mod job;
@@ -27,10 +29,12 @@ pub mod nodelifecycle;
 pub mod pods;
 pub mod reconciler;
 pub mod replicaset;
+pub mod replicationcontroller;
 pub mod rootcacert;
 pub mod served;
 pub mod serviceaccount;
 pub mod serviceaccounttoken;
+pub mod statefulset;
 pub mod tokencleaner;
 pub mod volume;
 pub mod workload;
@@ -38,6 +42,7 @@ pub mod workload_claim;
 pub mod workload_expectations;
 pub mod workload_hash;
 pub mod workload_job;
+pub mod workload_revision;
 pub mod workload_rollout;
 
 /// Every controller, by the name `--controllers` uses.
@@ -45,7 +50,11 @@ pub const ALL: &[&str] = &[
     "deployment",
     "replicaset",
     "daemonset",
+    "statefulset",
+    "replicationcontroller",
     "job",
+    "cronjob",
+    "disruption",
     "nodelifecycle",
     "garbagecollector",
     "namespace",
@@ -178,7 +187,11 @@ pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Out
                     "deployment" => deployment::run(ctx.clone()).await,
                     "replicaset" => replicaset::run(ctx.clone()).await,
                     "daemonset" => daemonset::run(ctx.clone()).await,
+                    "statefulset" => statefulset::run(ctx.clone()).await,
+                    "replicationcontroller" => replicationcontroller::run(ctx.clone()).await,
                     "job" => job::run(ctx.clone()).await,
+                    "cronjob" => cronjob::run(ctx.clone()).await,
+                    "disruption" => disruption::run(ctx.clone()).await,
                     "nodelifecycle" => nodelifecycle::run(ctx.clone()).await,
                     "garbagecollector" => gc::run(ctx.clone()).await,
                     "namespace" => namespace::run(ctx.clone()).await,

@@ -5,6 +5,10 @@
 //! matching, and reports replicas / fullyLabeledReplicas / readyReplicas /
 //! availableReplicas in the status.
 //!
+//! ReplicationControllers run the same loop through [`Replicated`]: their
+//! equality selector and spec read as a ReplicaSet's (upstream likewise
+//! converts them, `pkg/controller/replication`).
+//!
 //! Observe: the ReplicaSet, and the pods of its namespace from the cache.
 //! Diff: active owned pods against `spec.replicas`. Act: create or delete
 //! (only when earlier creations and deletions show in the cache), then
@@ -34,6 +38,39 @@ use crate::workload_expectations::Expectations;
 /// `BurstReplicas`).
 pub const BURST: usize = 500;
 
+/// A kind this loop keeps replicas of: read as a ReplicaSet, written back
+/// as itself (owner references, events and status name the real kind).
+pub trait Replicated:
+    kube_util::informer::Object
+    + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+    + serde::Serialize
+{
+    /// The controller's name in logs and `ALL`.
+    const CONTROLLER: &'static str;
+    /// The event reporter (upstream's component name).
+    const REPORTER: &'static str;
+    /// The kind in error messages ("replica set").
+    const WORDS: &'static str;
+    /// This object's metadata, spec and status as a ReplicaSet's.
+    fn view(&self) -> ReplicaSet;
+    /// This object with `status` in place of its own.
+    fn with_status(&self, status: ReplicaSetStatus) -> Self;
+}
+
+impl Replicated for ReplicaSet {
+    const CONTROLLER: &'static str = "replicaset";
+    const REPORTER: &'static str = "replicaset-controller";
+    const WORDS: &'static str = "replica set";
+    fn view(&self) -> ReplicaSet {
+        self.clone()
+    }
+    fn with_status(&self, status: ReplicaSetStatus) -> Self {
+        let mut updated = self.clone();
+        updated.status = Some(status);
+        updated
+    }
+}
+
 struct State {
     client: kube::Client,
     pods: Store<Pod>,
@@ -47,13 +84,21 @@ struct State {
 /// # Errors
 /// The caches cannot be filled.
 pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
+    run_for::<ReplicaSet>(ctx).await
+}
+
+/// Run the loop for kind `K` until its task is aborted.
+///
+/// # Errors
+/// The caches cannot be filled.
+pub async fn run_for<K: Replicated>(ctx: crate::Ctx) -> Result<(), crate::Error> {
     let client = ctx.client.clone();
     let (tx, rx) = mpsc::channel(1024);
     let expectations = Arc::new(Expectations::default());
-    let rs_cache = ctx.informers.get::<ReplicaSet>();
+    let rs_cache = ctx.informers.get::<K>();
     let _rs_cache_trigger = workload::trigger(&rs_cache, tx.clone(), {
         let exp = expectations.clone();
-        move |rs: &ReplicaSet, exists| {
+        move |rs: &K, exists| {
             if !exists {
                 exp.forget(&workload::key(rs));
             }
@@ -69,26 +114,33 @@ pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
     workload::ready(&rs_cache).await?;
     workload::ready(&pod_cache).await?;
     let state = Arc::new(State {
-        events: Recorder::new(client.clone(), Reporter::new("replicaset-controller")),
+        events: Recorder::new(client.clone(), Reporter::new(K::REPORTER)),
         client,
         pods: pod_cache.store().clone(),
-        replicasets: rs_cache.store().clone(),
+        replicasets: ctx.informers.get::<ReplicaSet>().store().clone(),
         expectations,
     });
-    workload::drive("replicaset", rs_cache.store().clone(), rx, state, reconcile).await;
+    workload::drive(
+        K::CONTROLLER,
+        rs_cache.store().clone(),
+        rx,
+        state,
+        reconcile::<K>,
+    )
+    .await;
     Ok(())
 }
 
 /// The ReplicaSets a pod change concerns: its controller, or for an
 /// orphan every ReplicaSet that selects it (one of them adopts it).
-fn owners_of(
+fn owners_of<K: Replicated>(
     pod: &Pod,
     exists: bool,
-    rss: &Store<ReplicaSet>,
+    rss: &Store<K>,
     exp: &Expectations,
-) -> Vec<ObjectRef<ReplicaSet>> {
+) -> Vec<ObjectRef<K>> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-    if let Some(owner) = controller_owner::<ReplicaSet>(&pod.metadata) {
+    if let Some(owner) = controller_owner::<K>(&pod.metadata) {
         exp.observe(&format!("{ns}/{}", owner.name), pod, exists);
         return vec![owner];
     }
@@ -96,6 +148,7 @@ fn owners_of(
         return Vec::new();
     }
     rss.state_filter(|rs| {
+        let rs = rs.view();
         rs.metadata.namespace.as_deref() == Some(ns)
             && !selector::is_empty(&rs.spec.selector)
             && selector::matches(&rs.spec.selector, pod.metadata.labels.as_ref())
@@ -105,19 +158,20 @@ fn owners_of(
     .collect()
 }
 
-async fn reconcile(rs: Arc<ReplicaSet>, st: Arc<State>) -> Result<Action> {
+async fn reconcile<K: Replicated>(obj: Arc<K>, st: Arc<State>) -> Result<Action> {
+    let rs = obj.view();
     let ns = rs.namespace().unwrap_or_default();
-    let key = workload::key(&*rs);
+    let key = workload::key(&rs);
     let spec = &rs.spec;
     let now = workload::now();
-    let mut owned = claim_pods(&rs, &st).await?;
+    let mut owned = claim_pods(&*obj, &rs, &st).await?;
 
     let mut manage_err = None;
     let settled = st
         .expectations
         .satisfied(&key, |n| st.pods.get(&ObjectRef::new(n).within(&ns)));
     if settled && rs.metadata.deletion_timestamp.is_none() {
-        match manage(&rs, &owned, &st, now).await {
+        match manage(&*obj, &rs, &owned, &st, now).await {
             // Deleted pods no longer count, so the status written below
             // (which the Deployment controller trusts for availability)
             // already shows the scale-down.
@@ -130,12 +184,11 @@ async fn reconcile(rs: Arc<ReplicaSet>, st: Arc<State>) -> Result<Action> {
 
     let status = calculate_status(&rs, &owned, manage_err.as_ref(), now);
     if rs.status.as_ref() != Some(&status) {
-        let mut updated = (*rs).clone();
-        updated.status = Some(status);
-        Api::<ReplicaSet>::namespaced(st.client.clone(), &ns)
+        let updated = obj.with_status(status);
+        Api::<K>::namespaced(st.client.clone(), &ns)
             .replace_status(&rs.name_any(), &PostParams::default(), &updated)
             .await
-            .ctx(|| format!("updating status of replica set {key}"))?;
+            .ctx(|| format!("updating status of {} {key}", K::WORDS))?;
     }
     if let Some(e) = manage_err {
         return Err(e);
@@ -154,7 +207,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, st: Arc<State>) -> Result<Action> {
 
 /// The active pods this ReplicaSet owns after adopting matching orphans
 /// and releasing owned pods it no longer selects.
-async fn claim_pods(rs: &ReplicaSet, st: &State) -> Result<Vec<Arc<Pod>>> {
+async fn claim_pods<K: Replicated>(obj: &K, rs: &ReplicaSet, st: &State) -> Result<Vec<Arc<Pod>>> {
     let ns = rs.namespace().unwrap_or_default();
     let uid = rs.uid().unwrap_or_default();
     let deleting = rs.metadata.deletion_timestamp.is_some();
@@ -172,12 +225,12 @@ async fn claim_pods(rs: &ReplicaSet, st: &State) -> Result<Vec<Arc<Pod>>> {
             Claim::Owned => owned.push(pod),
             Claim::Adopt => {
                 if may_adopt.is_none() {
-                    let rs_api = Api::<ReplicaSet>::namespaced(st.client.clone(), &ns);
-                    may_adopt = Some(claim::can_adopt(&rs_api, rs).await?);
+                    let rs_api = Api::<K>::namespaced(st.client.clone(), &ns);
+                    may_adopt = Some(claim::can_adopt(&rs_api, obj).await?);
                 }
                 if may_adopt == Some(true) {
                     let adopted =
-                        claim::adopt(&api, &*pod, claim::controller_ref(rs), None).await?;
+                        claim::adopt(&api, &*pod, claim::controller_ref(obj), None).await?;
                     tracing::info!(replicaset = %workload::key(rs), pod = %pod.name_any(), "adopted pod");
                     owned.push(Arc::new(adopted));
                 }
@@ -194,7 +247,8 @@ async fn claim_pods(rs: &ReplicaSet, st: &State) -> Result<Vec<Arc<Pod>>> {
 
 /// Create or delete pods so that `owned` reaches `spec.replicas`. Returns
 /// the uids of the pods deleted.
-async fn manage(
+async fn manage<K: Replicated>(
+    obj: &K,
     rs: &ReplicaSet,
     owned: &[Arc<Pod>],
     st: &State,
@@ -209,19 +263,19 @@ async fn manage(
         let n = (want - owned.len()).min(BURST);
         let template = spec.template.unwrap_or_default();
         let prefix = pods::name_prefix(&rs.name_any());
-        let owner = claim::controller_ref(rs);
+        let owner = claim::controller_ref(obj);
         st.expectations.creating(&key, n);
         let (_, made, err) = pods::slow_start(n, |_| {
             let pod = pods::from_template(&template, prefix.clone(), owner.clone());
             let (api, key) = (&api, &key);
-            async move { pods::create(api, &pod, rs, &st.events, &st.expectations, key).await }
+            async move { pods::create(api, &pod, obj, &st.events, &st.expectations, key).await }
         })
         .await;
         for _ in made..n {
             st.expectations.created(&key, None);
         }
         if let Some(e) = err {
-            return Err(e).ctx(|| format!("creating pods for replica set {key}"));
+            return Err(e).ctx(|| format!("creating pods for {} {key}", K::WORDS));
         }
         return Ok(HashSet::new());
     }
@@ -236,7 +290,7 @@ async fn manage(
             );
         }
         let results =
-            futures::future::join_all(victims.iter().map(|v| delete_pod(&api, rs, v, st))).await;
+            futures::future::join_all(victims.iter().map(|v| delete_pod(&api, obj, v, st))).await;
         let mut gone = HashSet::new();
         let mut first_err = None;
         for (v, r) in victims.iter().zip(results) {
@@ -257,17 +311,8 @@ async fn manage(
     Ok(HashSet::new())
 }
 
-async fn delete_pod(api: &Api<Pod>, rs: &ReplicaSet, pod: &Pod, st: &State) -> Result<()> {
-    workload::delete_owned_pod(
-        api,
-        rs,
-        pod,
-        None,
-        &st.events,
-        &st.expectations,
-        "replica set",
-    )
-    .await
+async fn delete_pod<K: Replicated>(api: &Api<Pod>, obj: &K, pod: &Pod, st: &State) -> Result<()> {
+    workload::delete_owned_pod(api, obj, pod, None, &st.events, &st.expectations, K::WORDS).await
 }
 
 /// Active pods of every ReplicaSet with the same controller as `rs` (the

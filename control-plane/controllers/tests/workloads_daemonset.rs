@@ -275,3 +275,78 @@ async fn rolling_update_replaces_one_node_at_a_time() {
     let out = env.kubectl(&["rollout", "status", "ds/agent", "--timeout=20s"]);
     assert!(out.contains("successfully rolled out"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_revisions_for_rollout_history_and_undo() {
+    let env = Env::start(&["daemonset"]).await;
+    env.add_node("n1", &[], json!([])).await;
+    env.kubectl_stdin(&["apply", "-f", "-"], &ds_yaml("", "busybox:1"));
+    wait_placement(&env, &["n1"]).await;
+    env.kubectl(&["set", "image", "ds/agent", "c=busybox:2"]);
+    let revs: Api<k8s_openapi::api::apps::v1::ControllerRevision> =
+        Api::default_namespaced(env.client.clone());
+    until("two revisions, the pod on the newest", 30, || async {
+        env.all_ready("app=agent").await;
+        let list = revs
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        let pods = env.active_pods("app=agent").await;
+        let hashes: Vec<String> = pods
+            .iter()
+            .filter_map(|p| p.labels().get("controller-revision-hash").cloned())
+            .collect();
+        let newest = list
+            .iter()
+            .max_by_key(|r| r.revision)
+            .map(|r| r.name_any())
+            .unwrap_or_default();
+        (list.len() == 2 && hashes.len() == 1 && newest == format!("agent-{}", hashes[0]))
+            .then_some(())
+            .ok_or(format!(
+                "{:?} {hashes:?}",
+                list.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+            ))
+    })
+    .await;
+    let history = env.kubectl(&["rollout", "history", "ds/agent"]);
+    assert!(
+        history.contains("1 ") && history.contains("2 "),
+        "{history}"
+    );
+    env.kubectl(&["rollout", "undo", "ds/agent"]);
+    until("the old template back", 30, || async {
+        env.all_ready("app=agent").await;
+        let ds: DaemonSet = Api::default_namespaced(env.client.clone())
+            .get("agent")
+            .await
+            .map_err(|e| e.to_string())?;
+        let image = ds.spec.template.spec.unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap_or_default();
+        let images: Vec<String> = env
+            .active_pods("app=agent")
+            .await
+            .iter()
+            .map(|p| {
+                p.spec.as_ref().unwrap().containers[0]
+                    .image
+                    .clone()
+                    .unwrap_or_default()
+            })
+            .collect();
+        (image == "busybox:1" && images == ["busybox:1"])
+            .then_some(())
+            .ok_or(format!("{image} {images:?}"))
+    })
+    .await;
+    // The first revision was renumbered, not copied.
+    let list = revs
+        .list(&Default::default())
+        .await
+        .expect("revisions")
+        .items;
+    assert_eq!(list.len(), 2);
+}

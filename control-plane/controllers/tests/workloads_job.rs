@@ -328,3 +328,58 @@ async fn counts_pods_that_finished_and_were_deleted_while_it_was_down() {
         "no pod was re-created"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_managed_by_another_controller_is_left_alone() {
+    let env = Env::start(&["job"]).await;
+    env.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &job_yaml("theirs", "managedBy: example.com/other"),
+    );
+    env.kubectl_stdin(&["apply", "-f", "-"], &job_yaml("ours", "completions: 1"));
+    // Both were seen by the controller by the time ours has its pod.
+    until("a pod for ours", 20, || async {
+        let n = env.list_pods("job-name=ours").await.len();
+        (n == 1).then_some(()).ok_or(format!("{n} pods"))
+    })
+    .await;
+    assert!(env.list_pods("job-name=theirs").await.is_empty());
+    assert!(job(&env, "theirs")
+        .await
+        .status
+        .unwrap_or_default()
+        .start_time
+        .is_none());
+
+    let out = env.server.kubectl(&[
+        "patch",
+        "job",
+        "theirs",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"managedBy":"kubernetes.io/job-controller"}}"#,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("spec.managedBy") && err.contains("field is immutable"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_the_controller_cannot_honour_are_refused() {
+    let env = Env::start(&[]).await;
+    for (field, spec) in [
+        ("spec.completionMode", "completionMode: Indexed\n  completions: 5"),
+        (
+            "spec.podFailurePolicy",
+            "podFailurePolicy:\n    rules:\n    - action: FailJob\n      onExitCodes: {operator: In, values: [3]}",
+        ),
+        ("spec.backoffLimitPerIndex", "backoffLimitPerIndex: 1"),
+    ] {
+        let out = env.server.kubectl_stdin(&["apply", "-f", "-"], &job_yaml("bad", spec));
+        assert!(!out.status.success(), "{field} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(field), "{field}: {err}");
+    }
+}

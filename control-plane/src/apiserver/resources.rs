@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use k8s_openapi::api::{
     apps, authentication, authorization, batch, certificates, coordination, core, discovery,
-    events, rbac, storage,
+    events, policy, rbac, storage,
 };
 
 use super::model::{Model, Typed};
@@ -183,6 +183,12 @@ pub static RESOURCES: &[ResourceDef] = &[
         .short(&["pvc"])
         .with_status()
         .rules(&strategy::storage::claim::PersistentVolumeClaim),
+    kind::<core::v1::ReplicationController>()
+        .short(&["rc"])
+        .all()
+        .with_status()
+        .with_scale()
+        .rules(&strategy::replicationcontroller::ReplicationController),
     kind::<apps::v1::Deployment>()
         .short(&["deploy"])
         .all()
@@ -200,10 +206,26 @@ pub static RESOURCES: &[ResourceDef] = &[
         .all()
         .with_status()
         .rules(&strategy::workloads::DaemonSet),
+    kind::<apps::v1::StatefulSet>()
+        .short(&["sts"])
+        .all()
+        .with_status()
+        .with_scale()
+        .rules(&strategy::statefulset::StatefulSet),
+    kind::<apps::v1::ControllerRevision>().rules(&strategy::revision::ControllerRevision),
     kind::<batch::v1::Job>()
         .all()
         .with_status()
         .rules(&strategy::job::Job),
+    kind::<batch::v1::CronJob>()
+        .short(&["cj"])
+        .all()
+        .with_status()
+        .rules(&strategy::cronjob::CronJob),
+    kind::<policy::v1::PodDisruptionBudget>()
+        .short(&["pdb"])
+        .with_status()
+        .rules(&strategy::disruptionbudget::PodDisruptionBudget),
     kind::<coordination::v1::Lease>().rules(&strategy::printed::Lease),
     kind::<discovery::v1::EndpointSlice>().rules(&strategy::printed::EndpointSlice),
     kind::<events::v1::Event>()

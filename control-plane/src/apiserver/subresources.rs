@@ -54,7 +54,16 @@ pub(crate) async fn dispatch(
 }
 
 fn scale_of(obj: &Value) -> Value {
-    let sel = obj["spec"]["selector"]["matchLabels"]
+    let selector = &obj["spec"]["selector"];
+    // ReplicationControllers select by a plain label map.
+    let equality =
+        selector.get("matchLabels").is_none() && selector.get("matchExpressions").is_none();
+    let labels = if equality {
+        selector
+    } else {
+        &selector["matchLabels"]
+    };
+    let sel = labels
         .as_object()
         .map(|m| {
             m.iter()

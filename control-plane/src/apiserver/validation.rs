@@ -494,6 +494,36 @@ pub(crate) fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
     }
 }
 
+/// A label selector's expressions (upstream's
+/// `ValidateLabelSelectorRequirement`): an expression the controllers
+/// cannot read would match nothing, silently.
+pub fn label_selector(sel: &Value, path: &str, c: &mut Vec<Cause>) {
+    let exprs = sel["matchExpressions"].as_array().into_iter().flatten();
+    for (i, e) in exprs.enumerate() {
+        let path = format!("{path}.matchExpressions[{i}]");
+        let has_values = e["values"].as_array().is_some_and(|v| !v.is_empty());
+        match e["operator"].as_str().unwrap_or_default() {
+            "In" | "NotIn" if !has_values => c.push(Cause::required_because(
+                format!("{path}.values"),
+                "must be specified when `operator` is 'In' or 'NotIn'",
+            )),
+            "Exists" | "DoesNotExist" if has_values => c.push(Cause::forbidden(
+                format!("{path}.values"),
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            op => c.push(Cause::invalid(
+                format!("{path}.operator"),
+                op,
+                "not a valid selector operator",
+            )),
+        }
+        if e["key"].as_str().is_none_or(str::is_empty) {
+            c.push(Cause::required(format!("{path}.key")));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,10 +45,11 @@ const RO: &[&str] = &["get", "list", "watch"];
 /// Cluster roles, then cluster role bindings.
 pub fn cluster_roles() -> Vec<Value> {
     let workloads = json!([
-        {"apiGroups": [""], "resources": ["pods", "pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "pods/eviction", "services", "endpoints", "configmaps", "secrets", "serviceaccounts", "events", "persistentvolumeclaims", "replicationcontrollers"], "verbs": RW},
+        {"apiGroups": [""], "resources": ["pods", "pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "pods/eviction", "services", "endpoints", "configmaps", "secrets", "serviceaccounts", "events", "persistentvolumeclaims", "replicationcontrollers", "replicationcontrollers/scale", "pods/ephemeralcontainers"], "verbs": RW},
         {"apiGroups": [""], "resources": ["pods/log", "pods/status", "namespaces", "namespaces/status", "services/status"], "verbs": RO},
-        {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "replicasets", "replicasets/scale", "daemonsets", "statefulsets"], "verbs": RW},
+        {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "replicasets", "replicasets/scale", "daemonsets", "statefulsets", "statefulsets/scale", "controllerrevisions"], "verbs": RW},
         {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": RW},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": RW},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": RW},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": RO},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": RO},
@@ -58,9 +59,10 @@ pub fn cluster_roles() -> Vec<Value> {
         a.push(json!({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": RW}));
     }
     let view = json!([
-        {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "endpoints", "configmaps", "serviceaccounts", "events", "namespaces", "namespaces/status", "persistentvolumeclaims", "replicationcontrollers"], "verbs": RO},
-        {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "deployments/status", "replicasets", "replicasets/scale", "replicasets/status", "daemonsets", "daemonsets/status", "statefulsets"], "verbs": RO},
-        {"apiGroups": ["batch"], "resources": ["jobs", "jobs/status", "cronjobs"], "verbs": RO},
+        {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "endpoints", "configmaps", "serviceaccounts", "events", "namespaces", "namespaces/status", "persistentvolumeclaims", "replicationcontrollers", "replicationcontrollers/scale", "replicationcontrollers/status"], "verbs": RO},
+        {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "deployments/status", "replicasets", "replicasets/scale", "replicasets/status", "daemonsets", "daemonsets/status", "statefulsets", "statefulsets/scale", "statefulsets/status", "controllerrevisions"], "verbs": RO},
+        {"apiGroups": ["batch"], "resources": ["jobs", "jobs/status", "cronjobs", "cronjobs/status"], "verbs": RO},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets", "poddisruptionbudgets/status"], "verbs": RO},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": RO},
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": RO},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": RO},

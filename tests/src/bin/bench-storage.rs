@@ -28,7 +28,10 @@ async fn main() -> Result<()> {
     let (e, c) = (mean_ms(&empty), mean_ms(&claims));
     let ratio = c / e;
     println!("{n} pods at once on one node, create -> all Running seen by a watch (ms):");
-    println!("  emptyDir          mean {e:8.1}   rounds {:?}", millis(&empty));
+    println!(
+        "  emptyDir          mean {e:8.1}   rounds {:?}",
+        millis(&empty)
+    );
     println!(
         "  local-path claim  mean {c:8.1}   rounds {:?}",
         millis(&claims)

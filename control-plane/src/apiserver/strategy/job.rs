@@ -57,6 +57,28 @@ impl Strategy for Job {
             )),
             None => c.push(Cause::required("spec.template.spec.restartPolicy")),
         }
+        refuse_unsupported(&obj["spec"], &mut c);
+        c
+    }
+
+    /// Upstream `validateJobSpecUpdate` for the fields we accept: what
+    /// decides which pods belong to the Job, and who runs it, is fixed.
+    fn validate_update(&self, old: &Value, new: &Value) -> Vec<Cause> {
+        let mut c = self.validate(new);
+        for field in ["selector", "completionMode", "managedBy"] {
+            let (was, now) = (&old["spec"][field], &new["spec"][field]);
+            if was != now {
+                let shown = match now {
+                    Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                };
+                c.push(Cause::invalid(
+                    format!("spec.{field}"),
+                    &shown,
+                    "field is immutable",
+                ));
+            }
+        }
         c
     }
 
@@ -167,4 +189,84 @@ fn generate_selector(obj: &mut Value) {
     labels["batch.kubernetes.io/job-name"] = json!(name);
     labels["controller-uid"] = json!(uid);
     labels["job-name"] = json!(name);
+}
+
+/// Fields the Job controller does not honour yet: refused rather than
+/// silently ignored (an Indexed Job run as NonIndexed would hand every pod
+/// the same work; an ignored podFailurePolicy would retry what must fail).
+fn refuse_unsupported(spec: &Value, c: &mut Vec<Cause>) {
+    if let Some(mode) = spec["completionMode"]
+        .as_str()
+        .filter(|m| *m != "NonIndexed")
+    {
+        c.push(Cause::not_supported(
+            "spec.completionMode",
+            mode,
+            &["NonIndexed"],
+        ));
+    }
+    for field in [
+        "podFailurePolicy",
+        "successPolicy",
+        "backoffLimitPerIndex",
+        "maxFailedIndexes",
+    ] {
+        if !spec[field].is_null() {
+            c.push(Cause::forbidden(
+                format!("spec.{field}"),
+                "not supported by this server",
+            ));
+        }
+    }
+    if let Some(m) = spec["managedBy"].as_str() {
+        if m.len() > 63 {
+            c.push(Cause::too_long("spec.managedBy", 63));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(extra: Value) -> Value {
+        let mut obj = json!({
+            "metadata": {"name": "pi"},
+            "spec": {"template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "busybox"}]
+            }}}
+        });
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            obj["spec"][k] = v.clone();
+        }
+        Job.default(&mut obj);
+        obj
+    }
+
+    #[test]
+    fn unsupported_fields_are_refused_by_name() {
+        assert!(Job.validate(&job(json!({}))).is_empty());
+        for (field, value) in [
+            ("completionMode", json!("Indexed")),
+            ("podFailurePolicy", json!({"rules": []})),
+            ("successPolicy", json!({"rules": []})),
+            ("backoffLimitPerIndex", json!(1)),
+            ("maxFailedIndexes", json!(1)),
+        ] {
+            let shown = format!("{:?}", Job.validate(&job(json!({field: value}))));
+            assert!(shown.contains(&format!("spec.{field}")), "{field}: {shown}");
+        }
+    }
+
+    #[test]
+    fn managed_by_and_completion_mode_are_immutable() {
+        let old = job(json!({"managedBy": "example.com/other"}));
+        let mut new = old.clone();
+        new["spec"]["managedBy"] = json!("kubernetes.io/job-controller");
+        let shown = format!("{:?}", Job.validate_update(&old, &new));
+        assert!(shown.contains("spec.managedBy"), "{shown}");
+        assert!(shown.contains("field is immutable"), "{shown}");
+        assert!(Job.validate_update(&old, &old).is_empty());
+    }
 }

@@ -11,7 +11,9 @@
 //! - [`Strategy`]: the hooks, each with the default a kind without rules gets;
 //!   [`Plain`] is that kind.
 //! - one module per kind with rules: [`pod`], [`service`], [`namespace`],
-//!   [`node`], [`job`], [`workloads`] (Deployment, ReplicaSet, DaemonSet),
+//!   [`node`], [`job`], [`cronjob`], [`workloads`] (Deployment, ReplicaSet,
+//!   DaemonSet), [`statefulset`], [`revision`] (ControllerRevision),
+//!   [`replicationcontroller`], [`disruptionbudget`],
 //!   [`componentstatus`] (computed, never stored),
 //!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`],
 //!   [`serviceaccount`] (TokenRequest), [`storage`] (PersistentVolumes,
@@ -21,7 +23,9 @@
 
 pub mod componentstatus;
 pub mod configmap;
+pub mod cronjob;
 pub mod csr;
+pub mod disruptionbudget;
 pub mod event;
 pub mod job;
 pub mod namespace;
@@ -29,9 +33,12 @@ pub mod node;
 pub mod pod;
 pub mod printed;
 pub mod rbac;
+pub mod replicationcontroller;
+pub mod revision;
 pub mod secret;
 pub mod service;
 pub mod serviceaccount;
+pub mod statefulset;
 pub mod storage;
 pub mod workloads;
 

@@ -117,7 +117,18 @@ impl Strategy for DaemonSet {
     }
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {
-        validate_workload(obj, true)
+        let mut c = validate_workload(obj, true);
+        // The controller never starts a surge pod beside the old one;
+        // refused rather than ignored.
+        let surge = &obj["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"];
+        if !matches!(surge, Value::Null) && surge != &json!(0) && surge != &json!("0%") {
+            c.push(Cause::invalid(
+                "spec.updateStrategy.rollingUpdate.maxSurge",
+                &surge.to_string(),
+                "not supported: skiff's DaemonSet rolling update replaces pods without surge; use 0",
+            ));
+        }
+        c
     }
 
     fn columns(&self) -> Vec<Col> {
@@ -186,6 +197,15 @@ pub(super) fn validate_workload(obj: &Value, needs_selector: bool) -> Vec<Cause>
     }
     let template = &spec["template"];
     validation::pod_spec("spec.template.spec", template.get("spec"), &mut c);
+    if template["spec"]
+        .get("ephemeralContainers")
+        .is_some_and(|e| e.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        c.push(Cause::forbidden(
+            "spec.template.spec.ephemeralContainers",
+            "ephemeral containers not allowed in pod template",
+        ));
+    }
     super::pod::security::validate("spec.template.spec", template.get("spec"), &mut c);
     if !needs_selector {
         return c;

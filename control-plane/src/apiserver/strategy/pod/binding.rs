@@ -1,5 +1,4 @@
-//! `pods/binding` (the scheduler's placement) and `pods/eviction` (a
-//! graceful delete through the API, as `kubectl drain` asks for it).
+//! `pods/binding`: the scheduler's placement.
 
 use std::sync::Arc;
 
@@ -8,7 +7,7 @@ use bytes::Bytes;
 use http::{Method, Response};
 use serde_json::{json, Value};
 
-use crate::apiserver::handlers::{delete_one, get_object, DeleteOptions};
+use crate::apiserver::handlers::get_object;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::subresources::success;
@@ -91,30 +90,4 @@ pub(super) async fn binding(
         }
     }
     Err(ApiError::stale("", "pods", r.name()))
-}
-
-/// `pods/eviction`: a graceful delete (no PodDisruptionBudgets are served,
-/// so nothing can refuse it).
-pub(super) async fn eviction(
-    api: &Arc<ApiServer>,
-    _: &Method,
-    r: &Req,
-    body: Bytes,
-) -> ApiResult<Response<Body>> {
-    let mut opts = DeleteOptions::default();
-    if !body.is_empty() {
-        let e = decode_body(&body, r.content_type())?;
-        let d = &e["deleteOptions"];
-        opts.grace = d["gracePeriodSeconds"].as_i64();
-        opts.uid = d["preconditions"]["uid"].as_str().map(String::from);
-        opts.resource_version = d["preconditions"]["resourceVersion"]
-            .as_str()
-            .map(String::from);
-    }
-    let main = Req {
-        sub: None,
-        ..r.clone()
-    };
-    delete_one(api, &main, &opts).await?;
-    Ok(json_response(201, &success("pods", r.name(), 201)))
 }

@@ -3,6 +3,8 @@
 //! the `kubectl get pods` columns (upstream's `pkg/registry/core/pod`).
 
 mod binding;
+mod ephemeral;
+mod eviction;
 mod print;
 pub(crate) mod security;
 
@@ -12,7 +14,7 @@ use super::{handler, Serve, Strategy, Subresource};
 use crate::apiserver::defaults;
 use crate::apiserver::handlers::DeleteOptions;
 use crate::apiserver::objects::{self, meta_mut};
-use crate::apiserver::status::Cause;
+use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::table::Col;
 use crate::apiserver::validation;
 use crate::apiserver::ApiServer;
@@ -33,7 +35,14 @@ static SUBRESOURCES: &[Subresource] = &[
         kind: "Eviction",
         group_version: Some(("policy", "v1")),
         verbs: &["create"],
-        serve: Serve::Handler(handler!(binding::eviction)),
+        serve: Serve::Handler(handler!(eviction::eviction)),
+    },
+    Subresource {
+        name: "ephemeralcontainers",
+        kind: "Pod",
+        group_version: None,
+        verbs: &["get", "patch", "update"],
+        serve: Serve::Handler(handler!(ephemeral::ephemeral_containers)),
     },
     Subresource {
         name: "log",
@@ -75,14 +84,59 @@ impl Strategy for Pod {
     fn default(&self, obj: &mut Value) {
         if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
             defaults::pod_spec(spec, true);
+            ephemeral::default(spec);
         }
     }
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = Vec::new();
         validation::pod_spec("spec", obj.get("spec"), &mut c);
+        if let Some(spec) = obj.get("spec") {
+            ephemeral::validate("spec", spec, &mut c);
+        }
         security::validate("spec", obj.get("spec"), &mut c);
         c
+    }
+
+    /// Ephemeral containers change through their subresource only: an
+    /// update of the pod keeps the stored ones.
+    fn prepare_for_update(&self, old: &Value, new: &mut Value) {
+        let kept = old["spec"].get("ephemeralContainers").cloned();
+        if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+            match kept {
+                Some(k) => spec.insert("ephemeralContainers".into(), k),
+                None => spec.remove("ephemeralContainers"),
+            };
+        }
+    }
+
+    /// A new pod may not come with ephemeral containers (upstream's
+    /// `ValidatePodCreate`); refused here, the one hook that tells a
+    /// create from the subresource's writes.
+    fn authorize_write<'a>(
+        &'a self,
+        _api: &'a ApiServer,
+        _r: &'a Req,
+        old: Option<&'a Value>,
+        new: &'a Value,
+    ) -> futures::future::BoxFuture<'a, ApiResult<()>> {
+        let set = new["spec"]["ephemeralContainers"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty());
+        let res = if old.is_none() && set {
+            Err(ApiError::invalid(
+                "Pod",
+                "",
+                objects::name(new).unwrap_or_default(),
+                vec![Cause::forbidden(
+                    "spec.ephemeralContainers",
+                    "cannot be set on create",
+                )],
+            ))
+        } else {
+            Ok(())
+        };
+        Box::pin(std::future::ready(res))
     }
 
     /// A bound pod that may still run is deleted gracefully: it stays,

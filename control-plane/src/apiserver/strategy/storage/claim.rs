@@ -88,7 +88,7 @@ impl Strategy for PersistentVolumeClaim {
 fn validate_spec(spec: &Value, c: &mut Vec<Cause>) {
     super::access_modes(spec, "spec", "at least 1 access mode is required", c);
     if !spec["selector"].is_null() {
-        super::label_selector(&spec["selector"], "spec.selector", c);
+        validation::label_selector(&spec["selector"], "spec.selector", c);
     }
     let storage = &spec["resources"]["requests"]["storage"];
     if storage.is_null() {

@@ -124,37 +124,6 @@ fn positive_quantity(q: &Value, field: &str, c: &mut Vec<Cause>) {
     }
 }
 
-/// A label selector's expressions (upstream's
-/// `ValidateLabelSelectorRequirement`): the controllers match volumes
-/// with it, and an expression they cannot read would match nothing
-/// silently.
-fn label_selector(sel: &Value, path: &str, c: &mut Vec<Cause>) {
-    let exprs = sel["matchExpressions"].as_array().into_iter().flatten();
-    for (i, e) in exprs.enumerate() {
-        let path = format!("{path}.matchExpressions[{i}]");
-        let has_values = e["values"].as_array().is_some_and(|v| !v.is_empty());
-        match e["operator"].as_str().unwrap_or_default() {
-            "In" | "NotIn" if !has_values => c.push(Cause::required_because(
-                format!("{path}.values"),
-                "must be specified when `operator` is 'In' or 'NotIn'",
-            )),
-            "Exists" | "DoesNotExist" if has_values => c.push(Cause::forbidden(
-                format!("{path}.values"),
-                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
-            )),
-            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
-            op => c.push(Cause::invalid(
-                format!("{path}.operator"),
-                op,
-                "not a valid selector operator",
-            )),
-        }
-        if e["key"].as_str().is_none_or(str::is_empty) {
-            c.push(Cause::required(format!("{path}.key")));
-        }
-    }
-}
-
 /// Access modes as `kubectl get` prints them: `RWO,RWX`, in upstream's
 /// order, each once.
 fn access_modes_string(modes: &Value) -> String {
@@ -237,7 +206,7 @@ mod tests {
             {"key": "c", "operator": "Exists", "values": ["x"]},
             {"key": "d", "operator": "Near"},
         ]});
-        label_selector(&sel, "spec.selector", &mut c);
+        validation::label_selector(&sel, "spec.selector", &mut c);
         let fields: Vec<&str> = c.iter().map(|c| c.field.as_str()).collect();
         assert_eq!(
             fields,
