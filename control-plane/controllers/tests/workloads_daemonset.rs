@@ -250,17 +250,7 @@ async fn rolling_update_replaces_one_node_at_a_time() {
             env.set_running(&p.name_any(), true).await;
         }
         let s = status(&env).await;
-        let images: Vec<String> = env
-            .active_pods("app=agent")
-            .await
-            .iter()
-            .map(|p| {
-                p.spec.as_ref().unwrap().containers[0]
-                    .image
-                    .clone()
-                    .unwrap_or_default()
-            })
-            .collect();
+        let images = env.active_images("app=agent").await;
         (s == (3, 3, 3, 3, 3, 0) && images == ["busybox:2"; 3])
             .then_some(())
             .ok_or(format!("{s:?} {images:?}"))
@@ -326,17 +316,7 @@ async fn records_revisions_for_rollout_history_and_undo() {
             .image
             .clone()
             .unwrap_or_default();
-        let images: Vec<String> = env
-            .active_pods("app=agent")
-            .await
-            .iter()
-            .map(|p| {
-                p.spec.as_ref().unwrap().containers[0]
-                    .image
-                    .clone()
-                    .unwrap_or_default()
-            })
-            .collect();
+        let images = env.active_images("app=agent").await;
         (image == "busybox:1" && images == ["busybox:1"])
             .then_some(())
             .ok_or(format!("{image} {images:?}"))

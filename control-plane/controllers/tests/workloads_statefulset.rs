@@ -355,17 +355,7 @@ async fn rolls_down_to_the_partition_and_undoes_through_revisions() {
     until("back on the first revision", 40, || async {
         agent(&env).await;
         let st = status(&env).await;
-        let images: Vec<String> = env
-            .active_pods("app=web")
-            .await
-            .iter()
-            .map(|p| {
-                p.spec.as_ref().unwrap().containers[0]
-                    .image
-                    .clone()
-                    .unwrap_or_default()
-            })
-            .collect();
+        let images = env.active_images("app=web").await;
         (st.update_revision.as_deref() == Some(first.as_str())
             && st.current_revision == st.update_revision
             && images == ["nginx:1", "nginx:1", "nginx:1"])

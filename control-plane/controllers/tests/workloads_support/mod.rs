@@ -106,6 +106,21 @@ impl Env {
             .collect()
     }
 
+    /// The first container's image of each active pod `selector` selects,
+    /// in list order: which template a rollout left the pods on.
+    pub async fn active_images(&self, selector: &str) -> Vec<String> {
+        self.active_pods(selector)
+            .await
+            .iter()
+            .map(|p| {
+                p.spec.as_ref().unwrap().containers[0]
+                    .image
+                    .clone()
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     /// As the agent: the pod runs, Ready (or not).
     pub async fn set_running(&self, name: &str, ready: bool) {
         let now = jiff::Timestamp::now()
