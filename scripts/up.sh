@@ -104,7 +104,8 @@ done
 
 if ! running "$RUN/agent.pid"; then
     echo "== starting skiff-agent"
-    setsid nohup skiff-agent --container-runtime-endpoint "unix://$SOCK" --root-dir "$STATE/agent" \
+    # As the systemd unit: two heap arenas (see systemd/skiff-agent.service).
+    MALLOC_ARENA_MAX=2 setsid nohup skiff-agent --container-runtime-endpoint "unix://$SOCK" --root-dir "$STATE/agent" \
         --static-pod-path "$ETC/manifests" --kubeconfig "$ETC/node.kubeconfig" \
         --node-name "$NODE" --cni-conf-dir "$ETC/cni" --cni-bridge skiff0 \
         >/var/log/skiff/agent.log 2>&1 &

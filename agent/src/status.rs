@@ -147,12 +147,10 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
                 incomplete.join(" ")
             ),
         ),
-        cond(
-            "Ready",
-            not_ready.is_empty(),
-            ready_reason,
-            ready_msg.clone(),
-        ),
+        match (not_ready.is_empty(), unready_gates(pod)) {
+            (true, Some(why)) => cond("Ready", false, "ReadinessGatesNotReady", why),
+            (ok, _) => cond("Ready", ok, ready_reason, ready_msg.clone()),
+        },
         cond(
             "ContainersReady",
             not_ready.is_empty(),
@@ -161,6 +159,19 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
         ),
         cond("PodScheduled", true, "", String::new()),
     ];
+    // Conditions other writers own (an eviction's DisruptionTarget, a
+    // readiness gate's) stay as the API has them: the kubelet's status
+    // merge keeps every condition it does not own.
+    let mut conditions = conditions;
+    conditions.extend(
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|c| !conditions_owned(&c.type_))
+            .cloned(),
+    );
 
     PodStatus {
         phase: Some(phase.into()),
@@ -383,6 +394,39 @@ fn phase(pod: &Pod, init: &[ContainerStatus], app: &[ContainerStatus]) -> &'stat
         return "Running";
     }
     "Pending"
+}
+
+/// Why the pod's readiness gates hold it back, if they do (upstream
+/// `GeneratePodReadyCondition`'s wording): each gate's condition, set by
+/// another writer, must be True.
+fn unready_gates(pod: &Pod) -> Option<String> {
+    let gates = pod.spec.as_ref()?.readiness_gates.as_ref()?;
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_deref());
+    let why: Vec<String> = gates
+        .iter()
+        .filter_map(|g| {
+            let t = &g.condition_type;
+            match conditions.into_iter().flatten().find(|c| &c.type_ == t) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {t:?} does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {t:?} is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    (!why.is_empty()).then(|| why.join(", "))
+}
+
+/// The pod conditions the kubelet sets (upstream `PodConditionsByKubelet`).
+fn conditions_owned(type_: &str) -> bool {
+    matches!(
+        type_,
+        "PodScheduled" | "Ready" | "Initialized" | "ContainersReady" | "PodReadyToStartContainers"
+    )
 }
 
 pub fn ns_to_time(ns: i64) -> Timestamp {

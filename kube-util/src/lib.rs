@@ -19,6 +19,7 @@
 //! - [`qos`]: a pod's QoS class.
 //! - [`podstatus`]: the STATUS column of `kubectl get pods`.
 //! - [`cron`]: CronJob schedules and their next times.
+//! - [`indexes`]: Indexed Job completion index sets (`1,3-5,7`).
 //! - [`duration`]: Go durations (`1m30s`) and kubectl ages (`5m3s`, `2d`).
 //! - [`informer`]: a watched cache per kind, its subscriptions, and the
 //!   factory that shares them across a process.
@@ -30,6 +31,7 @@
 pub mod cron;
 pub mod duration;
 pub mod events;
+pub mod indexes;
 pub mod informer;
 pub mod nodeaffinity;
 pub mod podstatus;

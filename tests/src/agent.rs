@@ -167,6 +167,9 @@ impl Agent {
             .open(&self.log)?;
         let child = Command::new(&self.binary)
             .args(&self.args)
+            // As deployed (systemd/skiff-agent.service): what the start-up
+            // benchmark measures is the agent users run.
+            .env("MALLOC_ARENA_MAX", "2")
             .env(
                 "RUST_LOG",
                 std::env::var("SKIFF_AGENT_LOG").unwrap_or_else(|_| "info".into()),

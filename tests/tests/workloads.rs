@@ -1,7 +1,9 @@
 //! The workload kinds end to end, on real nodes (containerd and skiff-agent)
 //! with the real kubectl: a StatefulSet's ordered start, stable names,
 //! claims and per-pod DNS names, its partitioned rollout, undo and ordered
-//! scale-down; a CronJob's runs; `kubectl drain` held back by a
+//! scale-down; a CronJob's runs; an Indexed Job's pods with their index
+//! and hostname; a pod failure policy that ignores one exit code and fails
+//! the Job on another; `kubectl drain` held back by a
 //! PodDisruptionBudget.
 //!
 //! Each test has a cluster of its own; pods run the toolbox image.
@@ -279,12 +281,132 @@ fn job_condition(j: &Job, type_: &str) -> Option<String> {
         .map(|c| c.reason.clone().unwrap_or_default())
 }
 
+/// Jobs the drain test runs beside it: an Indexed Job of 5 (parallelism
+/// 2) whose pods print their index and hostname, and a Job whose first
+/// pod exits 42 (ignored by its policy) and whose second exits 3 (which
+/// fails the Job). The second pod knows it is second from a marker in a
+/// host directory.
+fn jobs_manifest(marker_dir: &str) -> String {
+    format!(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata: {{name: indexed}}
+spec:
+  completionMode: Indexed
+  completions: 5
+  parallelism: 2
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: c
+        image: {TOOLBOX_IMAGE}
+        imagePullPolicy: IfNotPresent
+        command: [sh, -c, 'echo "$JOB_COMPLETION_INDEX $(hostname)"']
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: judged}}
+spec:
+  backoffLimit: 0
+  podFailurePolicy:
+    rules:
+    - action: Ignore
+      onExitCodes: {{operator: In, values: [42]}}
+    - action: FailJob
+      onExitCodes: {{containerName: c, operator: In, values: [3]}}
+  template:
+    spec:
+      restartPolicy: Never
+      volumes: [{{name: marker, hostPath: {{path: {marker_dir}, type: DirectoryOrCreate}}}}]
+      containers:
+      - name: c
+        image: {TOOLBOX_IMAGE}
+        imagePullPolicy: IfNotPresent
+        volumeMounts: [{{name: marker, mountPath: /marker}}]
+        command: [sh, -c, 'if mkdir /marker/ran 2>/dev/null; then exit 42; else exit 3; fi']
+"#
+    )
+}
+
+/// Removes the judged Job's host directory, however the test ends.
+struct RemoveDir(String);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Each index ran once, in a pod that saw its index and hostname; the
+/// judged Job failed by its policy with the ignored failure uncounted.
+async fn check_jobs(cluster: &Cluster, jobs: &Api<Job>, pods: &Api<Pod>) -> Result<()> {
+    wait_for("the indexed job Complete", T, || async {
+        let j = jobs.get("indexed").await?;
+        ensure!(job_condition(&j, "Complete").is_some(), "{:?}", j.status);
+        let st = j.status.unwrap_or_default();
+        ensure!(st.completed_indexes.as_deref() == Some("0-4"), "{st:?}");
+        Ok(())
+    })
+    .await?;
+    let mut seen = BTreeSet::new();
+    for p in pods
+        .list(&ListParams::default().labels("batch.kubernetes.io/job-name=indexed"))
+        .await?
+        .items
+    {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let index = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("batch.kubernetes.io/job-completion-index"))
+            .cloned()
+            .context("no index annotation")?;
+        let said = cluster.kubectl_ok(&["logs", &name]).await?;
+        ensure!(
+            said.trim() == format!("{index} indexed-{index}"),
+            "pod {name} said {said:?}"
+        );
+        ensure!(seen.insert(index.clone()), "index {index} ran twice");
+    }
+    ensure!(seen.len() == 5, "indexes {seen:?}");
+
+    wait_for("the judged job Failed", T, || async {
+        let j = jobs.get("judged").await?;
+        ensure!(
+            job_condition(&j, "Failed").as_deref() == Some("PodFailurePolicy"),
+            "{:?}",
+            j.status
+        );
+        let failed = j.status.and_then(|s| s.failed);
+        ensure!(failed == Some(1), "failed {failed:?}: the exit 42 counted");
+        Ok(())
+    })
+    .await?;
+    let message = cluster
+        .kubectl_ok(&[
+            "get",
+            "job",
+            "judged",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Failed\")].message}",
+        ])
+        .await?;
+    ensure!(
+        message.contains("failed with exit code 3 matching FailJob rule at index 1"),
+        "{message}"
+    );
+    Ok(())
+}
+
 /// Three replicas over two nodes with a budget of minAvailable 2: `kubectl
 /// drain` of the node holding two of them evicts one, is refused the
 /// other with the budget's 429 until the replacement is Ready elsewhere,
 /// then completes. Meanwhile on the same cluster a CronJob made by
-/// `kubectl create cronjob` runs on its schedule, and `kubectl create job
-/// --from=cronjob/...` runs it by hand.
+/// `kubectl create cronjob` runs on its schedule, `kubectl create job
+/// --from=cronjob/...` runs it by hand, and the Jobs of [`jobs_manifest`]
+/// run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_waits_for_the_budget_while_jobs_run() -> Result<()> {
     let cluster = Cluster::start(2, ClusterOptions::default()).await?;
@@ -292,6 +414,12 @@ async fn drain_waits_for_the_budget_while_jobs_run() -> Result<()> {
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     let jobs = Api::<Job>::namespaced(client.clone(), "default");
     let crons = Api::<CronJob>::namespaced(client.clone(), "default");
+    let marker = RemoveDir(format!(
+        "/tmp/skiff-e2e-judged-{}-{}",
+        std::process::id(),
+        jiff::Timestamp::now().as_millisecond()
+    ));
+    cluster.apply(&jobs_manifest(&marker.0)).await?;
     cluster
         .kubectl_ok(&[
             "create",
@@ -419,5 +547,6 @@ spec:
         Ok(())
     })
     .await?;
+    check_jobs(&cluster, &jobs, &pods).await?;
     cluster.finish().await
 }

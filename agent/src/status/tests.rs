@@ -262,3 +262,61 @@ fn ephemeral_containers_are_reported_never_ready_and_apart() {
     let w = e[1].state.as_ref().unwrap().waiting.as_ref().unwrap();
     assert_eq!(w.reason.as_deref(), Some("ContainerCreating"));
 }
+
+#[test]
+fn conditions_of_other_writers_are_kept() {
+    let p = pod("metadata: {name: p, uid: u}\nspec:\n  containers: [{name: a, image: toolbox:1}]\nstatus:\n  conditions:\n  - {type: DisruptionTarget, status: 'True', reason: EvictionByEvictionAPI}\n  - {type: Ready, status: 'True'}\n  - {type: example.com/gate, status: 'False'}\n");
+    let s = run(
+        &p,
+        &rt(vec![c(&p, "a", State::Exited, 0, 137)], false),
+        &HashMap::new(),
+    );
+    assert_eq!(
+        cond(&s, "DisruptionTarget").reason.as_deref(),
+        Some("EvictionByEvictionAPI")
+    );
+    assert_eq!(cond(&s, "example.com/gate").status, "False");
+    // What the agent owns is its own: one Ready, and it says not ready.
+    let ready: Vec<_> = s
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.type_ == "Ready")
+        .collect();
+    assert_eq!(ready.len(), 1);
+    assert_eq!(ready[0].status, "False");
+}
+
+#[test]
+fn readiness_gates_hold_ready_back_until_true() {
+    let yaml = |gate: &str| {
+        format!("metadata: {{name: p, uid: u}}\nspec:\n  readinessGates: [{{conditionType: example.com/lb}}]\n  containers: [{{name: a, image: toolbox:1}}]\nstatus:\n  conditions: [{gate}]\n")
+    };
+    let run_with = |gate: &str| {
+        let p = pod(&yaml(gate));
+        run(
+            &p,
+            &rt(vec![c(&p, "a", State::Running, 0, 0)], true),
+            &HashMap::new(),
+        )
+    };
+    let s = run_with("");
+    assert_eq!(cond(&s, "ContainersReady").status, "True");
+    let ready = cond(&s, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_deref()),
+        ("False", Some("ReadinessGatesNotReady"))
+    );
+    assert_eq!(
+        ready.message.as_deref(),
+        Some("corresponding condition of pod readiness gate \"example.com/lb\" does not exist.")
+    );
+    let s = run_with("{type: example.com/lb, status: 'False'}");
+    assert!(cond(&s, "Ready")
+        .message
+        .as_deref()
+        .unwrap()
+        .contains("is not \"True\", but False"));
+    let s = run_with("{type: example.com/lb, status: 'True'}");
+    assert_eq!(cond(&s, "Ready").status, "True");
+}

@@ -138,9 +138,11 @@ pub fn write(dir: &Path, payload: &Payload, gid: Option<u32>) -> Result<bool> {
     Ok(true)
 }
 
-/// `..YYYY_MM_DD_HH_MM_SS.<random>`, as upstream names its versions.
+/// `..YYYY_MM_DD_HH_MM_SS.<random>`, as upstream names its versions (in
+/// UTC: the name only has to be unique, and reading the local zone would
+/// load a time zone database into every agent).
 fn new_version_dir(dir: &Path) -> Result<PathBuf> {
-    let now = jiff::Zoned::now();
+    let now = jiff::Timestamp::now();
     let stamp = now.strftime("%Y_%m_%d_%H_%M_%S");
     loop {
         let suffix: u32 = rand::random();

@@ -8,6 +8,7 @@
 //! The reconcile returns a requeue at the next schedule time: the
 //! controller runtime keeps one delay queue for all CronJobs.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,9 +36,44 @@ struct State {
     client: kube::Client,
     jobs: Store<Job>,
     events: Recorder,
+    clock: Clock,
+}
+
+/// Where the controller reads the time: the system clock, or in tests a
+/// settable one, so schedules minutes apart run in milliseconds.
+#[derive(Clone, Debug, Default)]
+pub struct Clock(Option<Arc<AtomicI64>>);
+
+impl Clock {
+    /// A clock that stands at `at` until moved.
+    pub fn manual(at: Timestamp) -> Clock {
+        Clock(Some(Arc::new(AtomicI64::new(at.as_second()))))
+    }
+
+    /// Move a manual clock forward (no effect on the system clock).
+    pub fn advance(&self, by: Duration) {
+        if let Some(s) = &self.0 {
+            let by = i64::try_from(by.as_secs()).unwrap_or(i64::MAX);
+            s.fetch_add(by, Ordering::SeqCst);
+        }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        match &self.0 {
+            None => workload::now(),
+            Some(s) => {
+                Timestamp::from_second(s.load(Ordering::SeqCst)).unwrap_or_else(|_| workload::now())
+            }
+        }
+    }
 }
 
 pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
+    run_with(ctx, Clock::default()).await
+}
+
+/// [`run`] reading the time from `clock`.
+pub async fn run_with(ctx: crate::Ctx, clock: Clock) -> Result<(), crate::Error> {
     let client = ctx.client.clone();
     let (tx, rx) = mpsc::channel(1024);
     let cj_cache = ctx.informers.get::<CronJob>();
@@ -54,6 +90,7 @@ pub async fn run(ctx: crate::Ctx) -> Result<(), crate::Error> {
         events: Recorder::new(client.clone(), Reporter::new("cronjob-controller")),
         client,
         jobs: job_cache.store().clone(),
+        clock,
     });
     workload::drive("cronjob", cj_cache.store().clone(), rx, state, reconcile).await;
     Ok(())
@@ -249,6 +286,9 @@ pub fn plan(cj: &CronJob, jobs: &[Arc<Job>], now: Timestamp) -> Plan {
         .iter()
         .any(|j| j.metadata.name.as_deref() == Some(&name))
     {
+        // Its Job exists, so this schedule ran, whatever a stale cached
+        // status says: never write lastScheduleTime back.
+        p.last_schedule = p.last_schedule.max(Some(scheduled));
         return p;
     }
     match spec.concurrency_policy.as_deref() {
@@ -347,7 +387,7 @@ async fn reconcile(cj: Arc<CronJob>, st: Arc<State>) -> Result<Action> {
         .into_iter()
         .filter(|j| j.metadata.namespace.as_deref() == Some(ns.as_str()))
         .collect();
-    let now = workload::now();
+    let now = st.clock.now();
     let p = plan(&cj, &jobs, now);
     act(&cj, p, now, &st).await
 }
@@ -500,6 +540,7 @@ mod tests {
         assert!(p.create.is_none());
         assert_eq!(p.active.len(), 1);
         assert_eq!(p.notes[0].reason, "UnexpectedJob");
+        assert_eq!(p.last_schedule, Some(ts("2026-12-04T10:10:00Z")));
     }
 
     #[test]

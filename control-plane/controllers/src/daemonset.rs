@@ -3,7 +3,8 @@
 //! affinity, taints against tolerations plus the DaemonSet defaults),
 //! following nodes as they come, change and go; failed daemon pods are
 //! replaced (with back-off); a new template rolls out node by node within
-//! maxUnavailable; status counts for `kubectl get ds` and
+//! maxUnavailable, or with maxSurge a new pod beside the old one
+//! (`daemonset_surge`); status counts for `kubectl get ds` and
 //! `kubectl rollout status`.
 //!
 //! Pods are not bound here: each gets a required node affinity on
@@ -29,11 +30,12 @@ use kube::{Api, ResourceExt};
 use kube_util::events::{Recorder, Reporter};
 use kube_util::{nodeaffinity, selector, taints};
 
+use crate::daemonset_surge as surge;
 use crate::pods;
 use crate::workload::{self, controller_owner, ApiResultExt, Result};
 use crate::workload_claim::{self as claim, Claim};
 use crate::workload_expectations::Expectations;
-use crate::workload_hash::{scaled, template_hash};
+use crate::workload_hash::template_hash;
 
 /// Label with the hash of the template a daemon pod was made from.
 pub const REVISION_HASH: &str = "controller-revision-hash";
@@ -190,7 +192,7 @@ fn daemon_tolerations(spec: &mut k8s_openapi::api::core::v1::PodSpec) {
 
 /// Whether a daemon pod should run on `node`, and whether one already
 /// there may stay (it may while only NoSchedule taints are untolerated).
-fn should_run(ds: &DaemonSet, node: &Node) -> (bool, bool) {
+pub(crate) fn should_run(ds: &DaemonSet, node: &Node) -> (bool, bool) {
     let mut spec = ds.spec.template.spec.clone().unwrap_or_default();
     let name = node.name_any();
     if spec
@@ -272,13 +274,13 @@ fn template_for(ds: &DaemonSet, hash: &str, node: &str) -> PodTemplateSpec {
     t
 }
 
-fn is_updated(pod: &Pod, hash: &str) -> bool {
+pub(crate) fn is_updated(pod: &Pod, hash: &str) -> bool {
     pod.labels().get(REVISION_HASH).map(String::as_str) == Some(hash)
 }
 
 /// Oldest first, and among equals a running pod before a pending one
 /// (upstream `podByCreationTimestampAndPhase`).
-fn oldest_running_first(a: &Arc<Pod>, b: &Arc<Pod>) -> std::cmp::Ordering {
+pub(crate) fn oldest_running_first(a: &Arc<Pod>, b: &Arc<Pod>) -> std::cmp::Ordering {
     a.metadata
         .creation_timestamp
         .cmp(&b.metadata.creation_timestamp)
@@ -306,7 +308,7 @@ async fn reconcile(ds: Arc<DaemonSet>, st: Arc<State>) -> Result<Action> {
             create,
             delete,
             retry,
-        } = plan(&ds, &nodes, &by_node, &st);
+        } = plan(&ds, &hash, &nodes, &by_node, &st, now);
         requeue.extend(retry);
         let mut doomed = Vec::new();
         for (pod, failed) in delete {
@@ -319,8 +321,9 @@ async fn reconcile(ds: Arc<DaemonSet>, st: Arc<State>) -> Result<Action> {
         if !create.is_empty() || !delete.is_empty() {
             sync_nodes(&ds, &hash, &create, &delete, &st).await?;
         } else {
-            let delete = rolling_update(&ds, &hash, &nodes, &by_node, now)?;
-            sync_nodes(&ds, &hash, &[], &delete, &st).await?;
+            let step = rolling_update(&ds, &hash, &nodes, &by_node, now)?;
+            requeue.extend(step.retry);
+            sync_nodes(&ds, &hash, &step.create, &step.delete, &st).await?;
         }
     } else if let Some(d) = st.expectations.expires_in(&key) {
         requeue.push(d);
@@ -405,11 +408,15 @@ struct Plan {
 /// failed pods held back by back-off (upstream `manage`).
 fn plan(
     ds: &DaemonSet,
+    hash: &str,
     nodes: &[Arc<Node>],
     by_node: &HashMap<String, Vec<Arc<Pod>>>,
     st: &State,
+    now: jiff::Timestamp,
 ) -> Plan {
     let key = workload::key(ds);
+    let surge = surge::allows_surge(ds);
+    let min_ready = ds.spec.min_ready_seconds.unwrap_or(0);
     let mut create = Vec::new();
     let mut delete = Vec::new();
     let mut retry: Option<Duration> = None;
@@ -422,6 +429,7 @@ fn plan(
             create.push(name);
         } else if stay {
             let mut running = Vec::new();
+            let mut held_back = false;
             for pod in here
                 .into_iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -429,7 +437,10 @@ fn plan(
                 match pods::phase(&pod) {
                     "Failed" => {
                         match backoff(st, &format!("{key}/{name}")) {
-                            Some(wait) => retry = Some(retry.map_or(wait, |r| r.min(wait))),
+                            Some(wait) => {
+                                held_back = true;
+                                retry = Some(retry.map_or(wait, |r| r.min(wait)));
+                            }
                             None => {
                                 let msg = format!("Found failed daemon pod {}/{} on node {name}, will try to kill it", pod.namespace().unwrap_or_default(), pod.name_any());
                                 tracing::info!(daemonset = %key, node = %name, pod = %pod.name_any(), "replacing failed daemon pod");
@@ -441,9 +452,22 @@ fn plan(
                     _ => running.push(pod),
                 }
             }
-            // One daemon per node: keep the oldest.
-            running.sort_by(oldest_running_first);
-            delete.extend(running.into_iter().skip(1).map(|p| (p, None)));
+            if surge {
+                // Upstream creates here even beside a failed pod held back
+                // by back-off; waiting for it keeps the back-off meaningful.
+                if running.is_empty() && run && !held_back {
+                    create.push(name);
+                }
+                delete.extend(
+                    surge::excess_on_node(running, hash, min_ready, now)
+                        .into_iter()
+                        .map(|p| (p, None)),
+                );
+            } else {
+                // One daemon per node: keep the oldest.
+                running.sort_by(oldest_running_first);
+                delete.extend(running.into_iter().skip(1).map(|p| (p, None)));
+            }
         } else {
             delete.extend(
                 here.into_iter()
@@ -496,30 +520,40 @@ fn backoff(st: &State, key: &str) -> Option<Duration> {
     None
 }
 
-/// Old pods to delete for a rolling update: unavailable ones at once, then
+/// One step of a rolling update. Without surge (upstream `rollingUpdate`
+/// with maxSurge 0): old pods to delete, unavailable ones at once, then
 /// available ones while fewer than maxUnavailable nodes are without an
-/// available daemon (upstream `rollingUpdate` without surge).
+/// available daemon; the manage pass then creates their successors. With
+/// surge: `daemonset_surge::rolling_update`.
 fn rolling_update(
     ds: &DaemonSet,
     hash: &str,
     nodes: &[Arc<Node>],
     by_node: &HashMap<String, Vec<Arc<Pod>>>,
     now: jiff::Timestamp,
-) -> Result<Vec<Arc<Pod>>> {
+) -> Result<surge::Step> {
     let strategy = ds.spec.update_strategy.as_ref();
     if strategy.and_then(|s| s.type_.as_deref()) == Some("OnDelete") {
-        return Ok(Vec::new());
+        return Ok(surge::Step::default());
     }
     let desired = nodes.iter().filter(|n| should_run(ds, n).0).count() as i32;
-    let max_unavailable = scaled(
-        strategy
-            .and_then(|s| s.rolling_update.as_ref())
-            .and_then(|r| r.max_unavailable.as_ref()),
+    let ru = strategy.and_then(|s| s.rolling_update.as_ref());
+    let budget = surge::budget(
+        ru.and_then(|r| r.max_surge.as_ref()),
+        ru.and_then(|r| r.max_unavailable.as_ref()),
         desired,
-        true,
-        "maxUnavailable",
-    )?
-    .max(1);
+    )?;
+    if budget.surge > 0 {
+        return Ok(surge::rolling_update(
+            ds,
+            hash,
+            nodes,
+            by_node,
+            budget.surge,
+            now,
+        ));
+    }
+    let max_unavailable = budget.unavailable;
     let min_ready = ds.spec.min_ready_seconds.unwrap_or(0);
     let mut unavailable = 0;
     let mut replace_now = Vec::new();
@@ -553,7 +587,10 @@ fn rolling_update(
     }
     let room = (max_unavailable - unavailable).max(0) as usize;
     replace_now.extend(candidates.into_iter().take(room));
-    Ok(replace_now)
+    Ok(surge::Step {
+        delete: replace_now,
+        ..Default::default()
+    })
 }
 
 /// Create daemon pods for `create` nodes (slow-start batches) and delete

@@ -1,17 +1,23 @@
-//! Job controller (upstream `pkg/controller/job`, NonIndexed completion
-//! only: Indexed Jobs get a warning event and are left alone):
-//! runs up to `parallelism` pods until `completions` of them succeed;
-//! fails the Job when more pods failed than `backoffLimit` allows
-//! (BackoffLimitExceeded) or it ran past `activeDeadlineSeconds`
-//! (DeadlineExceeded); honours `suspend`; deletes finished Jobs after
-//! `ttlSecondsAfterFinished`.
+//! Job controller (upstream `pkg/controller/job`): runs up to
+//! `parallelism` pods until `completions` of them succeed (NonIndexed) or
+//! every completion index has a succeeded pod (Indexed); fails the Job
+//! when more pods failed than `backoffLimit` allows
+//! (BackoffLimitExceeded), a pod failure policy rule says so
+//! (PodFailurePolicy), too many indexes failed their `backoffLimitPerIndex`
+//! (MaxFailedIndexesExceeded, FailedIndexes) or it ran past
+//! `activeDeadlineSeconds` (DeadlineExceeded); ends early when a
+//! `successPolicy` is met; honours `suspend` and `podReplacementPolicy`;
+//! deletes finished Jobs after `ttlSecondsAfterFinished`.
 //!
 //! Pods are counted as upstream does since 1.26: each carries the
 //! `batch.kubernetes.io/job-tracking` finalizer; a finished pod's uid is
 //! first written to `status.uncountedTerminatedPods`, then its finalizer is
 //! removed, then it moves into the `succeeded` / `failed` counters. Each
 //! step is written before the next, so a restart at any point neither
-//! loses a pod that was deleted meanwhile nor counts one twice. Terminal
+//! loses a pod that was deleted meanwhile nor counts one twice. An Indexed
+//! Job records a succeeded pod by its index in `status.completedIndexes`
+//! (and a failed index in `status.failedIndexes`) in that first write
+//! instead. Terminal
 //! conditions are preceded by the interim SuccessCriteriaMet /
 //! FailureTarget and set once no pod of the Job is left running.
 
@@ -21,16 +27,19 @@ use std::time::{Duration, Instant};
 
 use futures::channel::mpsc;
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, PostParams, Preconditions, PropagationPolicy};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use kube_util::events::{Recorder, Reporter};
+use kube_util::indexes::Indexes;
 use kube_util::selector;
 
+use crate::job_index;
+use crate::job_policy::{self, Verdict};
 use crate::pods::{self, is_active, is_finished};
 use crate::workload::{self, controller_owner, is_not_found, AbortOnDrop, ApiResultExt, Result};
 use crate::workload_claim::{self as claim, Claim};
@@ -159,20 +168,6 @@ async fn reconcile(job: Arc<Job>, st: Arc<State>) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let key = workload::key(&*job);
-    if spec
-        .completion_mode
-        .as_deref()
-        .is_some_and(|m| m != "NonIndexed")
-    {
-        // Running an Indexed Job as a NonIndexed one would hand every pod
-        // the same work: leave it alone and say so.
-        st.events.warning(
-            &*job,
-            "UnsupportedCompletionMode",
-            "Skipped Job sync: only the NonIndexed completion mode is supported".into(),
-        );
-        return Ok(Action::await_change());
-    }
     if let Some(at) = finished(&job) {
         st.expectations.forget(&key);
         lock(&st.backoff).remove(&key);
@@ -221,6 +216,158 @@ async fn expire(job: &Job, ttl: Option<i32>, at: jiff::Timestamp, st: &State) ->
     }
 }
 
+/// What the Job's pods add up to in one sync (upstream's `syncJobCtx`
+/// counts): recorded status plus the tracked pods that finished since.
+struct Tally {
+    /// Completions, for an Indexed Job.
+    indexed: Option<i32>,
+    /// Indexed: the succeeded indexes, recorded and new.
+    completed: Indexes,
+    /// With per-index limits: the failed indexes, recorded and new.
+    failed_indexes: Indexes,
+    /// What the pod failure policy made of each newly failed pod, by uid.
+    verdicts: HashMap<String, Verdict>,
+    new_ok: i32,
+    new_failed: i32,
+    uncounted_ok: i32,
+    uncounted_failed: i32,
+    /// The message of the first FailJob verdict.
+    fail_job: Option<String>,
+}
+
+impl Tally {
+    fn of(job: &Job, status: &JobStatus, pods: &[Arc<Pod>], removing: &HashSet<String>) -> Tally {
+        let spec = job.spec.as_ref();
+        let indexed = spec
+            .filter(|s| s.completion_mode.as_deref() == Some("Indexed"))
+            .map(|s| s.completions.unwrap_or(0));
+        let per_index = spec
+            .and_then(|s| s.backoff_limit_per_index)
+            .filter(|_| indexed.is_some());
+        let n = indexed.unwrap_or(0);
+        let recorded = |s: &Option<String>| Indexes::parse_lenient(s.as_deref().unwrap_or(""), n);
+        let unc = status.uncounted_terminated_pods.clone().unwrap_or_default();
+        let (unc_ok, unc_failed) = (
+            unc.succeeded.unwrap_or_default(),
+            unc.failed.unwrap_or_default(),
+        );
+        let mut t = Tally {
+            indexed,
+            completed: recorded(&status.completed_indexes),
+            failed_indexes: recorded(&status.failed_indexes),
+            verdicts: HashMap::new(),
+            new_ok: 0,
+            new_failed: 0,
+            uncounted_ok: unc_ok.len() as i32,
+            uncounted_failed: unc_failed.len() as i32,
+            fail_job: None,
+        };
+        for p in pods {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            if !has_finalizer(p)
+                || removing.contains(&uid)
+                || unc_ok.contains(&uid)
+                || unc_failed.contains(&uid)
+            {
+                continue;
+            }
+            let index = match indexed {
+                // A pod of an Indexed Job with no valid index counts for
+                // nothing.
+                Some(n) => match job_index::index_of(p, n) {
+                    Some(i) => Some(i),
+                    None => continue,
+                },
+                None => None,
+            };
+            if pods::phase(p) == "Succeeded" {
+                // An index counts once, however many pods succeeded in it.
+                if index.is_none_or(|i| t.completed.insert(i)) {
+                    t.new_ok += 1;
+                }
+            } else if is_failed(job, p) {
+                let verdict = if pods::phase(p) == "Failed" {
+                    job_policy::judge(job, p)
+                } else {
+                    Verdict::Count
+                };
+                if let (Some(limit), Some(i)) = (per_index, index) {
+                    let index_failed = verdict == Verdict::FailIndex
+                        || (verdict != Verdict::Ignore && job_index::failures_before(p) >= limit);
+                    if index_failed {
+                        t.failed_indexes.insert(i);
+                    }
+                }
+                if verdict != Verdict::Ignore {
+                    t.new_failed += 1;
+                }
+                if let Verdict::FailJob(m) = &verdict {
+                    t.fail_job.get_or_insert(m.clone());
+                }
+                t.verdicts.insert(uid, verdict);
+            }
+        }
+        t
+    }
+
+    /// `status.succeeded` after this sync: an Indexed Job counts indexes.
+    fn succeeded(&self, status: &JobStatus) -> i32 {
+        match self.indexed {
+            Some(_) => self.completed.len() as i32,
+            None => status.succeeded.unwrap_or(0) + self.new_ok + self.uncounted_ok,
+        }
+    }
+
+    fn failed(&self, status: &JobStatus) -> i32 {
+        status.failed.unwrap_or(0) + self.new_failed + self.uncounted_failed
+    }
+
+    /// Whether the failed (or, for a failing Job, stopped) `pod` counts
+    /// in `status.failed`.
+    fn counts_failed(&self, pod: &Pod) -> bool {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        self.indexed
+            .is_none_or(|n| job_index::index_of(pod, n).is_some())
+            && self.verdicts.get(uid) != Some(&Verdict::Ignore)
+    }
+
+    /// Active pods of an Indexed Job that must go: no valid index, an index
+    /// already succeeded or failed, or a second pod for one index (the
+    /// ready, older one stays).
+    fn misplaced(&self, active: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
+        let Some(n) = self.indexed else {
+            return Vec::new();
+        };
+        let mut sorted: Vec<&Arc<Pod>> = active.iter().collect();
+        sorted.sort_by_key(|p| {
+            (
+                !pods::is_ready(p),
+                p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            )
+        });
+        let mut seen = Indexes::default();
+        sorted
+            .into_iter()
+            .filter(|p| match job_index::index_of(p, n) {
+                None => true,
+                Some(i) => {
+                    self.completed.contains(i) || self.failed_indexes.contains(i) || !seen.insert(i)
+                }
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// How this sync may end the Job.
+struct End {
+    finish: Option<JobCondition>,
+    /// Every pod is on its way out and the cache has settled: the terminal
+    /// condition may follow the interim one.
+    may_end: bool,
+    terminating: i32,
+}
+
 /// One sync of one Job (upstream `syncJob`).
 struct Sync<'a> {
     st: &'a State,
@@ -255,21 +402,8 @@ impl<'a> Sync<'a> {
         });
         let pods = self.claim_pods().await?;
         let removing = self.st.removing.pending(&self.key, &pods);
-        let tracked = |p: &Pod| {
-            has_finalizer(p)
-                && !p
-                    .metadata
-                    .uid
-                    .as_ref()
-                    .is_some_and(|u| removing.contains(u))
-        };
         let mut status = self.job.status.clone().unwrap_or_default();
-        let uncounted = status.uncounted_terminated_pods.clone().unwrap_or_default();
-        let (unc_ok, unc_failed) = (
-            uncounted.succeeded.unwrap_or_default(),
-            uncounted.failed.unwrap_or_default(),
-        );
-        let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+        let tally = Tally::of(&self.job, &status, &pods, &removing);
 
         let active: Vec<Arc<Pod>> = pods.iter().filter(|p| is_active(p)).cloned().collect();
         let mut n_active = active.len() as i32;
@@ -278,64 +412,21 @@ impl<'a> Sync<'a> {
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_some() && !is_finished(p))
             .count() as i32;
-        let new_ok = pods
-            .iter()
-            .filter(|p| tracked(p) && pods::phase(p) == "Succeeded" && !unc_ok.contains(&uid(p)))
-            .count() as i32;
-        let new_failed = pods
-            .iter()
-            .filter(|p| {
-                tracked(p)
-                    && is_failed(p)
-                    && !unc_failed.contains(&uid(p))
-                    && !unc_ok.contains(&uid(p))
-            })
-            .count() as i32;
-        let succeeded = status.succeeded.unwrap_or(0) + new_ok + unc_ok.len() as i32;
-        let failed = status.failed.unwrap_or(0) + new_failed + unc_failed.len() as i32;
+        let succeeded = tally.succeeded(&status);
+        let failed = tally.failed(&status);
         if status.start_time.is_none() && !suspended {
             status.start_time = Some(Time(self.now));
         }
-        self.record_backoff(new_ok, new_failed);
+        self.record_backoff(tally.new_ok, tally.new_failed);
 
-        // What ends the Job: an interim condition written earlier, too many
-        // failures, or the deadline.
-        let backoff_limit = spec.backoff_limit.unwrap_or(6);
-        let mut finish: Option<JobCondition> =
-            if let Some(c) = condition(&self.job, "SuccessCriteriaMet") {
-                Some(c.clone())
-            } else {
-                condition(&self.job, "FailureTarget").cloned()
-            };
-        if finish.is_none() {
-            if failed > backoff_limit || past_backoff_on_failure(&self.job, &pods, backoff_limit) {
-                finish = Some(new_condition(
-                    "FailureTarget",
-                    "BackoffLimitExceeded",
-                    "Job has reached the specified backoff limit",
-                    self.now,
-                ));
-            } else if let Some(left) = self.deadline_left(&status, suspended) {
-                if left.is_zero() {
-                    finish = Some(new_condition(
-                        "FailureTarget",
-                        "DeadlineExceeded",
-                        "Job was active longer than specified deadline",
-                        self.now,
-                    ));
-                } else {
-                    self.requeue.push(left);
-                }
-            }
-        }
-
+        let mut finish = self.finish(&spec, &tally, &pods, failed, &status, suspended);
+        let mut may_end = true;
         let mut manage_err = None;
-        if finish.as_ref().is_some_and(|c| c.type_ == "FailureTarget") {
+        if finish.is_some() {
+            // Whether it failed or met a success policy, nothing of it may
+            // keep running.
             let (deleted, deleted_ready, err) = self.delete_pods(&active, false).await;
-            if deleted != n_active || !settled {
-                // Not over until every pod is on its way out and counted.
-                finish = None;
-            }
+            may_end = deleted == n_active && settled;
             n_active -= deleted;
             terminating += deleted;
             ready -= deleted_ready;
@@ -343,32 +434,29 @@ impl<'a> Sync<'a> {
         } else {
             let mut managed = false;
             if settled && self.job.metadata.deletion_timestamp.is_none() {
-                match self.manage(&spec, &active, succeeded, terminating).await {
+                match self
+                    .manage(&spec, &pods, &active, &tally, succeeded, terminating)
+                    .await
+                {
                     Ok((a, r, t)) => (n_active, ready, terminating) = (a, r, t),
                     Err(e) => manage_err = Some(e),
                 }
                 managed = true;
             }
-            let complete = match spec.completions {
-                None => succeeded > 0 && n_active == 0,
-                Some(c) => succeeded >= c && n_active == 0,
-            };
-            if complete {
-                finish = Some(new_condition(
-                    "SuccessCriteriaMet",
-                    "CompletionsReached",
-                    "Reached expected number of succeeded pods",
-                    self.now,
-                ));
-            } else if managed {
+            finish = self.completion(&spec, &tally, succeeded, n_active);
+            if finish.is_none() && managed {
                 self.suspend_conditions(&mut status, suspended).await;
             }
         }
         status.active = Some(n_active).filter(|n| *n > 0);
         status.ready = Some(ready.max(0));
         status.terminating = Some(terminating.max(0));
-        self.track(status, &pods, &removing, finish, terminating)
-            .await?;
+        let end = End {
+            finish,
+            may_end,
+            terminating,
+        };
+        self.track(status, &pods, &removing, &tally, end).await?;
         if let Some(e) = manage_err {
             return Err(e);
         }
@@ -380,6 +468,96 @@ impl<'a> Sync<'a> {
             Some(d) => Action::requeue((*d).max(Duration::from_millis(100))),
             None => Action::await_change(),
         })
+    }
+
+    /// What ends the Job before its pods are managed (upstream `syncJob`'s
+    /// order): an interim condition written earlier, a FailJob rule, too
+    /// many failures, the deadline, too many failed indexes, a success
+    /// policy.
+    fn finish(
+        &mut self,
+        spec: &JobSpec,
+        tally: &Tally,
+        pods: &[Arc<Pod>],
+        failed: i32,
+        status: &JobStatus,
+        suspended: bool,
+    ) -> Option<JobCondition> {
+        if let Some(c) = condition(&self.job, "SuccessCriteriaMet")
+            .or_else(|| condition(&self.job, "FailureTarget"))
+        {
+            return Some(c.clone());
+        }
+        let failure = |reason: &str, message: &str| {
+            Some(new_condition("FailureTarget", reason, message, self.now))
+        };
+        if let Some(msg) = &tally.fail_job {
+            return failure("PodFailurePolicy", msg);
+        }
+        let backoff_limit = spec.backoff_limit.unwrap_or(6);
+        if failed > backoff_limit || past_backoff_on_failure(&self.job, pods, backoff_limit) {
+            return failure(
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            );
+        }
+        if let Some(left) = self.deadline_left(status, suspended) {
+            if left.is_zero() {
+                return failure(
+                    "DeadlineExceeded",
+                    "Job was active longer than specified deadline",
+                );
+            }
+            self.requeue.push(left);
+        }
+        if spec
+            .max_failed_indexes
+            .is_some_and(|m| tally.failed_indexes.len() > usize::try_from(m).unwrap_or(0))
+        {
+            return failure(
+                "MaxFailedIndexesExceeded",
+                "Job has exceeded the specified maximal number of failed indexes",
+            );
+        }
+        job_policy::success(&self.job, &tally.completed)
+            .map(|msg| new_condition("SuccessCriteriaMet", "SuccessPolicy", &msg, self.now))
+    }
+
+    /// The condition the Job ends with once nothing is left to run: all
+    /// completions reached, or (with per-index limits) every index done
+    /// and some of them failed.
+    fn completion(
+        &self,
+        spec: &JobSpec,
+        tally: &Tally,
+        succeeded: i32,
+        n_active: i32,
+    ) -> Option<JobCondition> {
+        if n_active > 0 {
+            return None;
+        }
+        let failed_indexes = tally.failed_indexes.len() as i32;
+        let done = match spec.completions {
+            None => succeeded > 0,
+            Some(c) => succeeded + failed_indexes >= c,
+        };
+        if !done {
+            None
+        } else if failed_indexes > 0 {
+            Some(new_condition(
+                "FailureTarget",
+                "FailedIndexes",
+                "Job has failed indexes",
+                self.now,
+            ))
+        } else {
+            Some(new_condition(
+                "SuccessCriteriaMet",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+                self.now,
+            ))
+        }
     }
 
     /// Time left before activeDeadlineSeconds (zero when past), if set.
@@ -467,23 +645,26 @@ impl<'a> Sync<'a> {
     /// terminating counts after acting.
     async fn manage(
         &mut self,
-        spec: &k8s_openapi::api::batch::v1::JobSpec,
+        spec: &JobSpec,
+        pods: &[Arc<Pod>],
         active: &[Arc<Pod>],
+        tally: &Tally,
         succeeded: i32,
         terminating: i32,
     ) -> Result<(i32, i32, i32)> {
         let n_active = active.len() as i32;
         let ready = active.iter().filter(|p| pods::is_ready(p)).count() as i32;
+        let after_deleting =
+            |(deleted, deleted_ready, err): (i32, i32, Option<workload::Error>)| match err {
+                Some(e) => Err(e),
+                None => Ok((
+                    n_active - deleted,
+                    ready - deleted_ready,
+                    terminating + deleted,
+                )),
+            };
         if spec.suspend == Some(true) {
-            let (deleted, deleted_ready, err) = self.delete_pods(active, true).await;
-            if let Some(e) = err {
-                return Err(e);
-            }
-            return Ok((
-                n_active - deleted,
-                ready - deleted_ready,
-                terminating + deleted,
-            ));
+            return after_deleting(self.delete_pods(active, true).await);
         }
         let parallelism = spec.parallelism.unwrap_or(1).max(0);
         let want = match spec.completions {
@@ -491,24 +672,23 @@ impl<'a> Sync<'a> {
             // finish, start no more.
             None if succeeded > 0 => n_active,
             None => parallelism,
-            Some(c) => (c - succeeded).clamp(0, parallelism),
+            Some(c) => (c - succeeded - tally.failed_indexes.len() as i32).clamp(0, parallelism),
         };
-        if n_active > want {
-            let victims = pods::pick_victims(
-                active,
-                &[],
-                ((n_active - want) as usize).min(MAX_PODS_PER_SYNC),
-                self.now,
-            );
-            let (deleted, deleted_ready, err) = self.delete_pods(&victims, true).await;
-            if let Some(e) = err {
-                return Err(e);
-            }
-            return Ok((
-                n_active - deleted,
-                ready - deleted_ready,
-                terminating + deleted,
-            ));
+        // An Indexed Job's pods for no index, a done index, or an index
+        // another pod already works on go first.
+        let mut victims = tally.misplaced(active);
+        let left: Vec<Arc<Pod>> = active
+            .iter()
+            .filter(|p| !victims.iter().any(|v| Arc::ptr_eq(v, p)))
+            .cloned()
+            .collect();
+        let extra = left.len() as i32 - want;
+        if extra > 0 {
+            victims.extend(pods::pick_victims(&left, &[], extra as usize, self.now));
+        }
+        if !victims.is_empty() {
+            victims.truncate(MAX_PODS_PER_SYNC);
+            return after_deleting(self.delete_pods(&victims, true).await);
         }
         // podReplacementPolicy Failed waits for terminating pods to end.
         let waiting = if spec.pod_replacement_policy.as_deref() == Some("Failed") {
@@ -526,27 +706,79 @@ impl<'a> Sync<'a> {
             return Ok((n_active, ready, terminating));
         }
         let n = (missing as usize).min(MAX_PODS_PER_SYNC);
-        let made = self.create_pods(spec, n).await?;
+        let made = self
+            .create_pods(self.new_pods(spec, pods, tally, waiting > 0, n))
+            .await?;
         Ok((n_active + made as i32, ready, terminating))
     }
 
-    async fn create_pods(
+    /// Templates and name prefixes of `n` new pods: alike for a NonIndexed
+    /// Job, one per lowest pending index for an Indexed one.
+    fn new_pods(
         &self,
-        spec: &k8s_openapi::api::batch::v1::JobSpec,
+        spec: &JobSpec,
+        pods: &[Arc<Pod>],
+        tally: &Tally,
+        terminating_taken: bool,
         n: usize,
-    ) -> Result<usize> {
+    ) -> Vec<(PodTemplateSpec, String)> {
         let mut template = spec.template.clone();
         let meta = template.metadata.get_or_insert_with(Default::default);
         let fs = meta.finalizers.get_or_insert_with(Vec::new);
         if !fs.iter().any(|f| f == TRACKING_FINALIZER) {
             fs.push(TRACKING_FINALIZER.into());
         }
+        let name = self.job.name_any();
+        let Some(completions) = tally.indexed else {
+            return vec![(template, pods::name_prefix(&name)); n];
+        };
+        job_index::add_index_env(&mut template);
+        let taken: Indexes = pods
+            .iter()
+            .filter(|p| {
+                is_active(p)
+                    || (terminating_taken
+                        && p.metadata.deletion_timestamp.is_some()
+                        && !is_finished(p))
+            })
+            .filter_map(|p| job_index::index_of(p, completions))
+            .collect();
+        let replaced = job_index::last_failed(pods, completions);
+        let per_index = spec.backoff_limit_per_index.is_some();
+        job_index::first_pending(
+            completions,
+            &[&tally.completed, &tally.failed_indexes],
+            &taken,
+            n,
+        )
+        .into_iter()
+        .map(|i| {
+            let counts = per_index.then(|| {
+                replaced
+                    .iter()
+                    .find(|(ix, _)| *ix == i)
+                    .map(|(_, p)| {
+                        let ignored = job_policy::judge(&self.job, p) == Verdict::Ignore;
+                        job_index::counts_after(p, ignored)
+                    })
+                    .unwrap_or_default()
+            });
+            (
+                job_index::template_for(&template, &name, i, counts),
+                job_index::generate_name(&name, i),
+            )
+        })
+        .collect()
+    }
+
+    async fn create_pods(&self, new: Vec<(PodTemplateSpec, String)>) -> Result<usize> {
+        let n = new.len();
         let owner = claim::controller_ref(&self.job);
-        let prefix = pods::name_prefix(&self.job.name_any());
         let api = self.pods_api();
         self.st.expectations.creating(&self.key, n);
-        let (ok, made, err) = pods::slow_start(n, |_| {
-            let pod = pods::from_template(&template, prefix.clone(), owner.clone());
+        let (ok, made, err) = pods::slow_start(n, |i| {
+            let (template, prefix) = &new[i];
+            let pod = pods::from_template(template, prefix.clone(), owner.clone());
             let api = &api;
             let st = &self.st;
             async move {
@@ -684,9 +916,14 @@ impl<'a> Sync<'a> {
         mut status: JobStatus,
         pods: &[Arc<Pod>],
         removing: &HashSet<String>,
-        finish: Option<JobCondition>,
-        terminating: i32,
+        tally: &Tally,
+        end: End,
     ) -> Result<()> {
+        let End {
+            finish,
+            may_end,
+            terminating,
+        } = end;
         let mut unc = status.uncounted_terminated_pods.clone().unwrap_or_default();
         let mut unc_ok: Vec<String> = unc.succeeded.take().unwrap_or_default();
         let mut unc_failed: Vec<String> = unc.failed.take().unwrap_or_default();
@@ -706,18 +943,32 @@ impl<'a> Sync<'a> {
             if !with_finalizer.contains(&uid) {
                 continue;
             }
-            let failed = is_failed(p);
+            let failed = is_failed(&self.job, p);
             let succeeded = pods::phase(p) == "Succeeded";
             if !(deleting || finish.is_some() || succeeded || failed) {
                 continue;
             }
             to_release.push(p.clone());
             if succeeded && !unc_failed.contains(&uid) {
-                if !unc_ok.contains(&uid) {
+                // An Indexed Job records its index instead, below.
+                if tally.indexed.is_none() && !unc_ok.contains(&uid) {
                     unc_ok.push(uid);
                 }
-            } else if (failed || failing) && !unc_failed.contains(&uid) {
+            } else if (failed || failing) && !unc_failed.contains(&uid) && tally.counts_failed(p) {
                 unc_failed.push(uid);
+            }
+        }
+        if tally.indexed.is_some() {
+            status.completed_indexes = Some(tally.completed.to_string()).filter(|s| !s.is_empty());
+            status.succeeded = Some(tally.completed.len() as i32);
+            if self
+                .job
+                .spec
+                .as_ref()
+                .and_then(|s| s.backoff_limit_per_index)
+                .is_some()
+            {
+                status.failed_indexes = Some(tally.failed_indexes.to_string());
             }
         }
 
@@ -774,7 +1025,12 @@ impl<'a> Sync<'a> {
         // Finished once every pod is counted and none is still running.
         let mut done = None;
         if let Some(c) = final_cond {
-            if rm_err.is_none() && unc_ok.is_empty() && unc_failed.is_empty() && terminating == 0 {
+            if may_end
+                && rm_err.is_none()
+                && unc_ok.is_empty()
+                && unc_failed.is_empty()
+                && terminating == 0
+            {
                 let reason = c.reason.clone().unwrap_or_default();
                 let msg = c.message.clone().unwrap_or_default();
                 ensure_condition(&mut status, &c.type_, "True", &reason, &msg, self.now);

@@ -166,10 +166,17 @@ pub fn ensure_condition(
 }
 
 /// A pod the Job counts as failed: Failed, or deleted before it succeeded
-/// (so that pods lost with their node still count).
-pub fn is_failed(p: &Pod) -> bool {
-    pods::phase(p) == "Failed"
-        || (p.metadata.deletion_timestamp.is_some() && pods::phase(p) != "Succeeded")
+/// (so that pods lost with their node still count), unless a pod failure
+/// policy must judge how it failed or `podReplacementPolicy: Failed` waits
+/// for it to fail (upstream `isPodFailed`).
+pub fn is_failed(job: &Job, p: &Pod) -> bool {
+    if pods::phase(p) == "Failed" {
+        return true;
+    }
+    let only_failed = job.spec.as_ref().is_some_and(|s| {
+        s.pod_failure_policy.is_some() || s.pod_replacement_policy.as_deref() == Some("Failed")
+    });
+    !only_failed && p.metadata.deletion_timestamp.is_some() && pods::phase(p) != "Succeeded"
 }
 
 /// With restartPolicy OnFailure pods do not fail, their containers

@@ -1,7 +1,8 @@
 //! DaemonSet controller against a real API server: one pod per eligible
 //! node (selector, taints, default daemon tolerations), pinned by node
 //! affinity; following nodes as they join, change and leave; replacing
-//! failed pods; rolling a new template node by node.
+//! failed pods; rolling a new template node by node, with or without
+//! surge.
 
 mod workloads_support;
 
@@ -262,6 +263,81 @@ async fn rolling_update_replaces_one_node_at_a_time() {
         "too many daemons down at once: {:?}",
         low.lock().unwrap()
     );
+    let out = env.kubectl(&["rollout", "status", "ds/agent", "--timeout=20s"]);
+    assert!(out.contains("successfully rolled out"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_update_with_max_surge_starts_the_new_daemon_beside_the_old() {
+    let env = Env::start(&["daemonset"]).await;
+    for n in ["n1", "n2"] {
+        env.add_node(n, &[], json!([])).await;
+    }
+    let yaml = ds_yaml("", "busybox:1").replace(
+        "spec:\n  selector:",
+        "spec:\n  updateStrategy:\n    rollingUpdate: {maxSurge: 1, maxUnavailable: 0}\n  selector:",
+    );
+    env.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    wait_placement(&env, &["n1", "n2"]).await;
+    env.all_ready("app=agent").await;
+    until("2 available", 20, || async {
+        let s = status(&env).await;
+        (s.3 == 2).then_some(()).ok_or(format!("{s:?}"))
+    })
+    .await;
+
+    // Every moment of the rollout: how many live daemons, how many ready.
+    let seen = Arc::new(Mutex::new((usize::MAX, 0usize)));
+    let (store, writer) = reflector::store::<Pod>();
+    let api: Api<Pod> = Api::default_namespaced(env.client.clone());
+    let s = seen.clone();
+    let watch = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer));
+        while let Some(ev) = events.next().await {
+            if !matches!(
+                ev,
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                continue;
+            }
+            let live: Vec<_> = store
+                .state()
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let ready = live.iter().filter(|p| is_ready(p)).count();
+            let mut s = s.lock().unwrap();
+            s.0 = s.0.min(ready);
+            s.1 = s.1.max(live.len());
+        }
+    });
+    env.kubectl(&["set", "image", "ds/agent", "c=busybox:2"]);
+    until("the new template on both nodes", 60, || async {
+        if let Some(p) = env
+            .active_pods("app=agent")
+            .await
+            .iter()
+            .find(|p| !is_ready(p))
+        {
+            env.set_running(&p.name_any(), true).await;
+        }
+        let s = status(&env).await;
+        let images = env.active_images("app=agent").await;
+        (s == (2, 2, 2, 2, 2, 0) && images == ["busybox:2"; 2])
+            .then_some(())
+            .ok_or(format!("{s:?} {images:?}"))
+    })
+    .await;
+    watch.abort();
+    let (fewest_ready, most_live) = *seen.lock().unwrap();
+    assert_eq!(fewest_ready, 2, "a node was without a ready daemon");
+    assert_eq!(
+        most_live, 3,
+        "one node (maxSurge 1) ran old and new side by side"
+    );
+    wait_placement(&env, &["n1", "n2"]).await;
     let out = env.kubectl(&["rollout", "status", "ds/agent", "--timeout=20s"]);
     assert!(out.contains("successfully rolled out"), "{out}");
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
+use crate::interpod::Term;
 use crate::nodeinfo::NodeInfo;
 use crate::podinfo::PodInfo;
 
@@ -41,6 +42,43 @@ pub struct Cache {
     /// How many of those pods use each claim, by `namespace/claim`
     /// (upstream's `IsPVCUsedByPods`, for ReadWriteOncePod).
     claim_users: HashMap<String, u32>,
+    /// The counted pods grouped by namespace and labels, with how many
+    /// are on each node. The filters that match other pods against a
+    /// selector (inter-pod affinity, topology spread) match once per
+    /// group: the pods of one owner share their labels, so a cluster has
+    /// far fewer groups than pods.
+    groups: HashMap<GroupKey, LabelGroup>,
+    /// The counted pods with required anti-affinity terms, grouped by
+    /// those terms (upstream's `PodsWithRequiredAntiAffinity`), whose
+    /// rules every incoming pod is checked against.
+    anti_groups: HashMap<String, AntiGroup>,
+}
+
+type GroupKey = (String, BTreeMap<String, String>);
+
+/// Pods sharing a namespace and labels.
+#[derive(Debug)]
+pub struct LabelGroup {
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    /// Per node name.
+    pub nodes: HashMap<String, NodeCount>,
+}
+
+/// How many pods of a group are on one node.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NodeCount {
+    pub pods: u32,
+    /// Of which terminating (spreading does not count them).
+    pub terminating: u32,
+}
+
+/// Pods with the same required anti-affinity terms.
+#[derive(Debug)]
+pub struct AntiGroup {
+    pub terms: Vec<Term>,
+    /// Pods per node name.
+    pub nodes: HashMap<String, u32>,
 }
 
 impl Cache {
@@ -121,6 +159,7 @@ impl Cache {
                 .entry(claim_key(&pod.namespace, &c.claim))
                 .or_default() += 1;
         }
+        self.group(&pod, node, 1);
         self.pods.insert(
             pod.uid.clone(),
             PodEntry {
@@ -135,6 +174,7 @@ impl Cache {
     /// it was counted.
     pub fn remove_pod(&mut self, uid: &str) -> Option<Arc<PodInfo>> {
         let e = self.pods.remove(uid)?;
+        self.group(&e.info, &e.node, -1);
         for c in &e.info.claims {
             let key = claim_key(&e.info.namespace, &c.claim);
             if let Some(n) = self.claim_users.get_mut(&key) {
@@ -151,6 +191,78 @@ impl Cache {
             }
         }
         Some(e.info)
+    }
+
+    /// The counted pods, grouped by namespace and labels.
+    pub fn label_groups(&self) -> impl Iterator<Item = &LabelGroup> {
+        self.groups.values()
+    }
+
+    /// The counted pods with required anti-affinity, grouped by terms.
+    pub fn anti_affinity_groups(&self) -> impl Iterator<Item = &AntiGroup> {
+        self.anti_groups.values()
+    }
+
+    /// A node whose Node object is known, with its labels.
+    pub fn node_labels(&self, name: &str) -> Option<(&NodeInfo, &BTreeMap<String, String>)> {
+        let node = self.nodes.get(name)?;
+        Some((node, node.labels()?))
+    }
+
+    /// Count `pod` on `node` in its groups (`delta` 1), or stop (-1).
+    fn group(&mut self, pod: &PodInfo, node: &str, delta: i32) {
+        let key = (
+            pod.namespace.clone(),
+            pod.labels().cloned().unwrap_or_default(),
+        );
+        let terminating = u32::from(pod.terminating);
+        if delta > 0 {
+            let g = self
+                .groups
+                .entry(key)
+                .or_insert_with_key(|(ns, labels)| LabelGroup {
+                    namespace: ns.clone(),
+                    labels: labels.clone(),
+                    nodes: HashMap::new(),
+                });
+            let c = g.nodes.entry(node.to_string()).or_default();
+            c.pods += 1;
+            c.terminating += terminating;
+        } else if let Some(g) = self.groups.get_mut(&key) {
+            if let Some(c) = g.nodes.get_mut(node) {
+                c.pods = c.pods.saturating_sub(1);
+                c.terminating = c.terminating.saturating_sub(terminating);
+                if c.pods == 0 {
+                    g.nodes.remove(node);
+                }
+            }
+            if g.nodes.is_empty() {
+                self.groups.remove(&key);
+            }
+        }
+        let Some(terms) = pod.terms.as_deref().filter(|t| !t.anti_affinity.is_empty()) else {
+            return;
+        };
+        if delta > 0 {
+            let g = self
+                .anti_groups
+                .entry(terms.anti_key.clone())
+                .or_insert_with(|| AntiGroup {
+                    terms: terms.anti_affinity.clone(),
+                    nodes: HashMap::new(),
+                });
+            *g.nodes.entry(node.to_string()).or_default() += 1;
+        } else if let Some(g) = self.anti_groups.get_mut(&terms.anti_key) {
+            if let Some(n) = g.nodes.get_mut(node) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    g.nodes.remove(node);
+                }
+            }
+            if g.nodes.is_empty() {
+                self.anti_groups.remove(&terms.anti_key);
+            }
+        }
     }
 
     /// UIDs of every counted pod (for reconciling after a re-list).
@@ -205,6 +317,38 @@ mod tests {
         assert_eq!(c.pod_state("p1"), Some(PodState::Bound));
         assert!(c.forget("p2", "a").is_some());
         assert_eq!(c.node("a").unwrap().requested.cpu, 0);
+    }
+
+    #[test]
+    fn groups_follow_pods_in_and_out() {
+        let mut c = Cache::default();
+        c.upsert_node(node("a"));
+        let labelled = |uid: &str, deleting: bool| {
+            let mut v = json!({
+                "metadata": {"name": uid, "namespace": "ns", "uid": uid, "labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c"}], "affinity": {"podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "k"}]}}}
+            });
+            if deleting {
+                v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            Arc::new(PodInfo::new(serde_json::from_value(v).unwrap()))
+        };
+        c.assume(labelled("p1", false), "a");
+        c.set_bound(labelled("p2", false), "a");
+        // An update of p2 (now terminating) replaces its count.
+        c.set_bound(labelled("p2", true), "a");
+        let groups: Vec<&LabelGroup> = c.label_groups().collect();
+        assert_eq!(groups.len(), 1, "one owner, one group");
+        let n = groups[0].nodes["a"];
+        assert_eq!((n.pods, n.terminating), (2, 1));
+        let anti: Vec<&AntiGroup> = c.anti_affinity_groups().collect();
+        assert_eq!((anti.len(), anti[0].nodes["a"]), (1, 2));
+        c.remove_pod("p1");
+        c.remove_pod("p2");
+        assert_eq!(c.label_groups().count(), 0);
+        assert_eq!(c.anti_affinity_groups().count(), 0);
     }
 
     #[test]

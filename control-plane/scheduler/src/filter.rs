@@ -1,10 +1,12 @@
 //! Filters: can this pod run on this node? Pure functions of the pod's
 //! and node's facts, run in upstream's plugin order (NodeUnschedulable,
 //! TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit,
-//! VolumeRestrictions, VolumeBinding) and stopping at the first that
-//! fails, so that each node adds the reasons of one filter to the
-//! FailedScheduling message, as upstream's do. The volume filters read
-//! what [`crate::volumes`] found for the pod once per attempt.
+//! VolumeRestrictions, VolumeBinding, PodTopologySpread,
+//! InterPodAffinity) and stopping at the first that fails, so that each
+//! node adds the reasons of one filter to the FailedScheduling message,
+//! as upstream's do. The volume filters read what [`crate::volumes`]
+//! found for the pod once per attempt, the last two what [`Topology`]
+//! counted.
 //!
 //! The happy path allocates nothing: reasons are borrowed and only
 //! formatted when no node fits.
@@ -21,9 +23,11 @@ use kube_util::taints::{self, tolerates_parts, NO_SCHEDULE};
 // acted, so that only pods tolerating it (DaemonSet pods) land there.
 pub use kube_util::taints::{TAINT_NOT_READY, TAINT_UNREACHABLE, TAINT_UNSCHEDULABLE};
 
+use crate::cache::Cache;
 use crate::nodeinfo::{NodeInfo, Readiness};
 use crate::podinfo::PodInfo;
 use crate::volumes::PodVolumes;
+use crate::{interpod, spread};
 
 /// Why a node was filtered out. `Display` gives upstream's wording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +53,17 @@ pub enum Reason<'a> {
     VolumeBindConflict,
     /// A bound claim's volume does not exist.
     VolumeMissing,
+    /// The node lacks a topology spread constraint's key.
+    SpreadMissingLabel,
+    /// A topology spread constraint's maxSkew would be exceeded.
+    Spread,
+    /// A required pod affinity term is not met in the node's domain.
+    PodAffinity,
+    /// A required pod anti-affinity term is broken in the node's domain.
+    PodAntiAffinity,
+    /// A pod in the node's domain has a required anti-affinity term
+    /// against this pod.
+    ExistingPodsAntiAffinity,
 }
 
 impl fmt::Display for Reason<'_> {
@@ -76,17 +91,80 @@ impl fmt::Display for Reason<'_> {
             Reason::VolumeMissing => f.write_str(
                 "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)",
             ),
+            Reason::SpreadMissingLabel => f.write_str(
+                "node(s) didn't match pod topology spread constraints (missing required label)",
+            ),
+            Reason::Spread => f.write_str("node(s) didn't match pod topology spread constraints"),
+            Reason::PodAffinity => f.write_str("node(s) didn't match pod affinity rules"),
+            Reason::PodAntiAffinity => f.write_str("node(s) didn't match pod anti-affinity rules"),
+            Reason::ExistingPodsAntiAffinity => {
+                f.write_str("node(s) didn't satisfy existing pods anti-affinity rules")
+            }
         }
+    }
+}
+
+/// What the filters that look at other pods counted for one attempt
+/// (upstream's PreFilter states of PodTopologySpread and
+/// InterPodAffinity). Both are `None` for a pod without such rules in a
+/// cluster without pods with required anti-affinity: nothing allocated.
+#[derive(Debug, Default)]
+pub struct Topology {
+    pub spread: Option<spread::State>,
+    pub interpod: Option<interpod::State>,
+}
+
+impl Topology {
+    /// Nothing to check.
+    pub const NONE: Topology = Topology {
+        spread: None,
+        interpod: None,
+    };
+
+    /// Count what `pod`'s checks need over the pods in `cache`.
+    pub fn prefilter(pod: &PodInfo, cache: &Cache) -> Topology {
+        Topology {
+            spread: spread::State::prefilter(pod, cache),
+            interpod: interpod::State::prefilter(pod, cache),
+        }
+    }
+
+    fn check(&self, pod: &PodInfo, node: &NodeInfo) -> Option<Reason<'static>> {
+        if let Some(v) = self.spread.as_ref().and_then(|s| s.check(pod, node)) {
+            return Some(match v {
+                spread::Violation::MissingLabel => Reason::SpreadMissingLabel,
+                spread::Violation::Skew => Reason::Spread,
+            });
+        }
+        let v = self.interpod.as_ref()?.check(pod, node)?;
+        Some(match v {
+            interpod::Violation::Affinity => Reason::PodAffinity,
+            interpod::Violation::AntiAffinity => Reason::PodAntiAffinity,
+            interpod::Violation::ExistingAntiAffinity => Reason::ExistingPodsAntiAffinity,
+        })
     }
 }
 
 /// Run the filters for `pod` (with `volumes`, what
 /// [`crate::volumes::Volumes::prefilter`] found, when it has claims) on
 /// `node`; `report` receives the reasons of the first filter that fails.
-/// Returns true when the pod fits.
+/// Returns true when the pod fits. No topology rules are checked: see
+/// [`check_with`].
 pub fn check<'a>(
     pod: &'a PodInfo,
     volumes: Option<&PodVolumes>,
+    node: &'a NodeInfo,
+    report: &mut impl FnMut(Reason<'a>),
+) -> bool {
+    check_with(pod, volumes, &Topology::NONE, node, report)
+}
+
+/// [`check`], with the topology spread and inter-pod affinity checks of
+/// what `topology` counted for this attempt.
+pub fn check_with<'a>(
+    pod: &'a PodInfo,
+    volumes: Option<&PodVolumes>,
+    topology: &Topology,
     node: &'a NodeInfo,
     report: &mut impl FnMut(Reason<'a>),
 ) -> bool {
@@ -113,8 +191,16 @@ pub fn check<'a>(
     if !resources_fit(pod, node, report) {
         return false;
     }
-    match volumes {
-        Some(v) => volumes_fit(v, node, report),
+    if let Some(v) = volumes {
+        if !volumes_fit(v, node, report) {
+            return false;
+        }
+    }
+    match topology.check(pod, node) {
+        Some(r) => {
+            report(r);
+            false
+        }
         None => true,
     }
 }
@@ -122,6 +208,16 @@ pub fn check<'a>(
 /// True when `pod` fits `node`.
 pub fn fits(pod: &PodInfo, volumes: Option<&PodVolumes>, node: &NodeInfo) -> bool {
     check(pod, volumes, node, &mut |_| {})
+}
+
+/// [`fits`], with the topology checks.
+pub fn fits_with(
+    pod: &PodInfo,
+    volumes: Option<&PodVolumes>,
+    topology: &Topology,
+    node: &NodeInfo,
+) -> bool {
+    check_with(pod, volumes, topology, node, &mut |_| {})
 }
 
 /// VolumeRestrictions (ReadWriteOncePod), then VolumeBinding, whose
@@ -244,11 +340,21 @@ pub fn fit_error<'a>(
     volumes: Option<&PodVolumes>,
     nodes: impl Iterator<Item = &'a NodeInfo>,
 ) -> String {
+    fit_error_with(pod, volumes, &Topology::NONE, nodes)
+}
+
+/// [`fit_error`], with the topology checks.
+pub fn fit_error_with<'a>(
+    pod: &'a PodInfo,
+    volumes: Option<&PodVolumes>,
+    topology: &Topology,
+    nodes: impl Iterator<Item = &'a NodeInfo>,
+) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut total = 0;
     for node in nodes {
         total += 1;
-        check(pod, volumes, node, &mut |r| {
+        check_with(pod, volumes, topology, node, &mut |r| {
             *counts.entry(r.to_string()).or_default() += 1
         });
     }

@@ -7,6 +7,8 @@
 //! - [`cache`]: nodes with the pods bound or assumed on them.
 //! - [`filter`], [`score`]: the pure decision functions, and the
 //!   FailedScheduling message.
+//! - [`interpod`], [`spread`]: required pod (anti-)affinity and topology
+//!   spread constraints, counted once per attempt for the filters.
 //! - [`queue`]: pending pods, back-off and unschedulable parking.
 //! - [`volumes`]: claims, volumes and classes; the volume checks and
 //!   the volume decisions made with the node.
@@ -29,11 +31,13 @@ pub mod cache;
 pub mod events;
 pub mod filter;
 mod informer;
+pub mod interpod;
 pub mod nodeinfo;
 pub mod podinfo;
 pub mod queue;
 mod scheduler;
 pub mod score;
+pub mod spread;
 pub mod volumebind;
 pub mod volumes;
 

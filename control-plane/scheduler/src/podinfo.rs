@@ -6,6 +6,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube_util::resources::{self, Resources};
 use kube_util::storage::{self, PodClaim};
 
+use crate::interpod::Terms;
+use crate::spread::{self, Constraint};
+
 /// A host port a container asks for. Two pods conflict on a node when
 /// protocol and port match and either address is the wildcard or both
 /// are the same (upstream `HostPortInfo.CheckConflict`).
@@ -51,6 +54,13 @@ pub struct PodInfo {
     /// The claims its volumes use (empty for most pods, which then skip
     /// every volume check).
     pub claims: Vec<PodClaim>,
+    /// Required pod affinity and anti-affinity terms (`None` for most
+    /// pods, which then skip InterPodAffinity's own checks).
+    pub terms: Option<Box<Terms>>,
+    /// DoNotSchedule topology spread constraints (usually none).
+    pub spread: Vec<Constraint>,
+    /// Has a deletionTimestamp (spreading does not count it).
+    pub terminating: bool,
 }
 
 impl PodInfo {
@@ -78,7 +88,13 @@ impl PodInfo {
             None => (Resources::default(), (0, 0), Vec::new(), 0),
         };
         let claims = storage::pod_claims(&pod);
+        let terms = Terms::of(&pod);
+        let spread = spread::constraints(&pod);
+        let terminating = is_terminating(&pod);
         PodInfo {
+            terms,
+            spread,
+            terminating,
             claims,
             pod,
             uid,
@@ -91,6 +107,17 @@ impl PodInfo {
             owner,
             priority,
         }
+    }
+
+    /// What other pods' selectors are matched against.
+    pub fn labels(&self) -> Option<&std::collections::BTreeMap<String, String>> {
+        self.pod.metadata.labels.as_ref()
+    }
+
+    /// Whether other pods' placement matters to this one: it has
+    /// required pod affinity or anti-affinity, or spread constraints.
+    pub fn has_topology_rules(&self) -> bool {
+        self.terms.is_some() || !self.spread.is_empty()
     }
 
     /// The spec (always present on pods from the API; empty otherwise).

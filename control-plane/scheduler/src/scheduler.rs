@@ -251,7 +251,11 @@ impl Scheduler {
         if let Some(node) = podinfo::node_name(&pod.pod) {
             let node = node.to_string();
             self.queue.remove(&pod.uid);
+            let new = self.cache.pod_state(&pod.uid).is_none();
             self.cache.set_bound(pod, &node);
+            if new {
+                self.pod_placed(now);
+            }
             return;
         }
         if self.cache.pod_state(&pod.uid).is_some() {
@@ -271,6 +275,15 @@ impl Scheduler {
             return;
         }
         self.queue.add_or_update(pod, now);
+    }
+
+    /// A pod was counted on a node: a pod waiting for a pod to be
+    /// affine to, or for its domain to stop being the most populated, may
+    /// fit now (upstream moves pods on AssignedPodAdd for InterPodAffinity
+    /// and PodTopologySpread).
+    fn pod_placed(&mut self, now: Instant) {
+        self.queue
+            .move_unschedulable_if(now, PodInfo::has_topology_rules);
     }
 
     /// A pod was deleted or finished.
@@ -311,16 +324,18 @@ impl Scheduler {
                 return;
             }
         };
+        let topology = filter::Topology::prefilter(&pod, &self.cache);
         let chosen = {
             let feasible: Vec<&NodeInfo> = self
                 .cache
                 .nodes()
-                .filter(|n| filter::fits(&pod, volumes.as_ref(), n))
+                .filter(|n| filter::fits_with(&pod, volumes.as_ref(), &topology, n))
                 .collect();
             score::select(&pod, &feasible, &mut self.rng).map(|n| n.name.clone())
         };
         let Some(node) = chosen else {
-            let message = filter::fit_error(&pod, volumes.as_ref(), self.cache.nodes());
+            let message =
+                filter::fit_error_with(&pod, volumes.as_ref(), &topology, self.cache.nodes());
             self.unschedulable(&pod, message, now);
             return;
         };
@@ -334,6 +349,7 @@ impl Scheduler {
         });
         let attempts = self.queue.done(&pod.uid);
         self.cache.assume(pod.clone(), &node);
+        self.pod_placed(now);
         let client = self.client.clone();
         self.binds.spawn(async move {
             let result = async {

@@ -67,6 +67,13 @@ impl Cause {
             message: format!("Duplicate value: {value:?}"),
         }
     }
+    pub fn too_many(field: impl Into<String>, n: usize, max: usize) -> Self {
+        Cause {
+            reason: "FieldValueTooMany",
+            field: field.into(),
+            message: format!("Too many: {n}: must have at most {max} items"),
+        }
+    }
     pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
         Cause {
             reason: "FieldValueForbidden",

@@ -66,7 +66,9 @@ async fn main() -> Result<()> {
     let pod_names: Vec<String> = names.iter().map(|n| agent.pod_name(n)).collect();
     let agent_burst = wait_running(&cri, &pod_names, t).await?;
     let agent_burst_total = agent_burst.iter().max().copied().unwrap_or_default();
-    let rss_kib = peak_rss_kib(agent.pid().context("agent pid")?)?;
+    let pid = agent.pid().context("agent pid")?;
+    let rss_kib = peak_rss_kib(pid)?;
+    let rss_now = rss_parts(pid)?;
     let pods_running = SEQUENTIAL + BURST;
 
     let (rs50, rs99) = (pct(&raw_seq, 50.0), pct(&raw_seq, 99.0));
@@ -102,6 +104,7 @@ async fn main() -> Result<()> {
         "agent peak RSS with {pods_running} pods: {:.1} MiB   (aim: <= 30 MiB with 50)",
         rss_kib as f64 / 1024.0
     );
+    println!("  now: {rss_now}");
     let json = serde_json::json!({
         "bench": "pod-startup",
         "sequential_pods": SEQUENTIAL,
@@ -174,6 +177,22 @@ async fn futures_join<F: std::future::Future<Output = Result<Duration>>>(
         out.push(r?);
     }
     Ok(out)
+}
+
+/// The RSS now, by kind: heap and stacks (anon), the binary and other
+/// mapped files (file), shared memory.
+fn rss_parts(pid: u32) -> Result<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let parts: Vec<String> = status
+        .lines()
+        .filter(|l| {
+            ["RssAnon:", "RssFile:", "RssShmem:"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    Ok(parts.join(", "))
 }
 
 fn peak_rss_kib(pid: u32) -> Result<u64> {

@@ -123,6 +123,12 @@ impl Env {
 
     /// As the agent: the pod runs, Ready (or not).
     pub async fn set_running(&self, name: &str, ready: bool) {
+        self.try_set_running(name, ready)
+            .await
+            .unwrap_or_else(|e| panic!("setting pod {name} running: {e}"));
+    }
+
+    async fn try_set_running(&self, name: &str, ready: bool) -> Result<Pod, kube::Error> {
         let now = jiff::Timestamp::now()
             .strftime("%Y-%m-%dT%H:%M:%SZ")
             .to_string();
@@ -134,7 +140,6 @@ impl Env {
         self.pods()
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .unwrap_or_else(|e| panic!("setting pod {name} running: {e}"));
     }
 
     /// As the agent: the pod ended in `phase` (Succeeded or Failed).
@@ -175,8 +180,15 @@ impl Env {
     /// Make every active pod with `selector` Running and Ready.
     pub async fn all_ready(&self, selector: &str) {
         for p in self.active_pods(selector).await {
-            if !is_ready(&p) {
-                self.set_running(&p.name_any(), true).await;
+            if is_ready(&p) {
+                continue;
+            }
+            // A rollout may delete a pod between the list and the patch.
+            match self.try_set_running(&p.name_any(), true).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                r => {
+                    r.unwrap_or_else(|e| panic!("setting pod {} running: {e}", p.name_any()));
+                }
             }
         }
     }
@@ -272,4 +284,32 @@ where
     .await;
     let last = last.lock().unwrap().clone();
     assert!(ok, "timed out waiting for {what}; last seen: {last}");
+}
+
+/// The cronjob controller alone, on its own informers and a test clock,
+/// so a test can stop it and start it again (a controller restart).
+pub struct CronJobController(JoinHandle<()>);
+
+impl CronJobController {
+    pub async fn start(env: &Env, clock: skiff_controllers::cronjob::Clock) -> Self {
+        let client = env
+            .server
+            .client_for("system:kube-controller-manager", &[])
+            .await;
+        let ctx = skiff_controllers::Ctx {
+            informers: kube_util::Factory::new(client.clone()),
+            client,
+            config: std::sync::Arc::new(skiff_controllers::Config::default()),
+        };
+        CronJobController(tokio::spawn(async move {
+            if let Err(e) = skiff_controllers::cronjob::run_with(ctx, clock).await {
+                panic!("cronjob controller: {e}");
+            }
+        }))
+    }
+
+    pub async fn stop(self) {
+        self.0.abort();
+        let _ = self.0.await;
+    }
 }

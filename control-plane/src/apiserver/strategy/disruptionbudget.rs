@@ -15,9 +15,6 @@ use crate::apiserver::validation;
 
 pub struct PodDisruptionBudget;
 
-/// upstream's `IsValidPercent` message.
-const PERCENT_MSG: &str = "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')";
-
 impl Strategy for PodDisruptionBudget {
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = Vec::new();
@@ -32,10 +29,10 @@ impl Strategy for PodDisruptionBudget {
             ));
         }
         if let Some(v) = min {
-            int_or_percent(v, "spec.minAvailable", &mut c);
+            validation::int_or_percent(v, "spec.minAvailable", &mut c);
         }
         if let Some(v) = max {
-            int_or_percent(v, "spec.maxUnavailable", &mut c);
+            validation::int_or_percent(v, "spec.maxUnavailable", &mut c);
         }
         if let Some(sel) = spec.get("selector").filter(|v| !v.is_null()) {
             validation::label_selector(sel, "spec.selector", &mut c);
@@ -106,40 +103,6 @@ impl Strategy for PodDisruptionBudget {
             json!(i(&obj["status"]["disruptionsAllowed"])),
             age_cell(obj),
         ]
-    }
-}
-
-/// upstream's `ValidateNonnegativeIntOrPercent` and
-/// `IsNotMoreThan100Percent`.
-fn int_or_percent(v: &Value, field: &str, c: &mut Vec<Cause>) {
-    match v {
-        Value::Number(n) => {
-            if n.as_i64().is_none_or(|n| n < 0) {
-                c.push(Cause::invalid(
-                    field,
-                    &n.to_string(),
-                    "must be greater than or equal to 0",
-                ));
-            }
-        }
-        Value::String(p) => {
-            let pct = p
-                .strip_suffix('%')
-                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-                .map(|d| d.parse::<u64>().unwrap_or(u64::MAX));
-            match pct {
-                None => c.push(Cause::invalid(field, p, PERCENT_MSG)),
-                Some(n) if n > 100 => {
-                    c.push(Cause::invalid(field, p, "must not be greater than 100%"))
-                }
-                Some(_) => {}
-            }
-        }
-        other => c.push(Cause::invalid(
-            field,
-            &other.to_string(),
-            "must be an integer or a percentage",
-        )),
     }
 }
 

@@ -70,6 +70,7 @@ impl Strategy for ReplicationController {
         let pod = tmpl.get("spec");
         validation::pod_spec("spec.template.spec", pod, &mut c);
         super::pod::security::validate("spec.template.spec", pod, &mut c);
+        super::pod::affinity::validate("spec.template.spec", pod, &mut c);
         match pod.and_then(|p| p["restartPolicy"].as_str()) {
             Some("Always") | None => {}
             Some(rp) => c.push(Cause::not_supported(

@@ -118,15 +118,9 @@ impl Strategy for DaemonSet {
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = validate_workload(obj, true);
-        // The controller never starts a surge pod beside the old one;
-        // refused rather than ignored.
-        let surge = &obj["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"];
-        if !matches!(surge, Value::Null) && surge != &json!(0) && surge != &json!("0%") {
-            c.push(Cause::invalid(
-                "spec.updateStrategy.rollingUpdate.maxSurge",
-                &surge.to_string(),
-                "not supported: skiff's DaemonSet rolling update replaces pods without surge; use 0",
-            ));
+        let strategy = &obj["spec"]["updateStrategy"];
+        if strategy["type"].as_str() == Some("RollingUpdate") {
+            daemonset_rolling_update(&strategy["rollingUpdate"], &mut c);
         }
         c
     }
@@ -164,6 +158,59 @@ impl Strategy for DaemonSet {
         ];
         cells.extend(template_cells(obj));
         cells
+    }
+}
+
+/// A DaemonSet's rolling update bounds (upstream
+/// `ValidateRollingUpdateDaemonSet`): each a non-negative int or a percent
+/// up to 100%, and exactly one of them non-zero, for the controller either
+/// surges or takes nodes down, never both.
+fn daemonset_rolling_update(ru: &Value, c: &mut Vec<Cause>) {
+    const FIELD: &str = "spec.updateStrategy.rollingUpdate";
+    let mut nonzero = [false; 2];
+    for (i, name) in ["maxUnavailable", "maxSurge"].into_iter().enumerate() {
+        let field = format!("{FIELD}.{name}");
+        let v = &ru[name];
+        if !v.is_null() {
+            validation::int_or_percent(v, &field, c);
+        }
+        nonzero[i] = is_nonzero(v);
+    }
+    match nonzero {
+        [true, true] => c.push(Cause::invalid(
+            format!("{FIELD}.maxSurge"),
+            &shown(&ru["maxSurge"]),
+            "may not be set when maxUnavailable is non-zero",
+        )),
+        [false, false] => c.push(Cause::required_because(
+            format!("{FIELD}.maxUnavailable"),
+            "cannot be 0 when maxSurge is 0",
+        )),
+        _ => {}
+    }
+}
+
+/// Whether an IntOrString bound allows anything (upstream
+/// `getIntOrPercentValue`: a string counts as the integer it spells
+/// without its `%`, else 0).
+fn is_nonzero(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Number(n) => n.as_i64() != Some(0),
+        Value::String(p) => p
+            .strip_suffix('%')
+            .unwrap_or(p)
+            .parse::<i64>()
+            .is_ok_and(|n| n != 0),
+        _ => true,
+    }
+}
+
+/// A value as upstream quotes an IntOrString: strings bare.
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -207,6 +254,7 @@ pub(super) fn validate_workload(obj: &Value, needs_selector: bool) -> Vec<Cause>
         ));
     }
     super::pod::security::validate("spec.template.spec", template.get("spec"), &mut c);
+    super::pod::affinity::validate("spec.template.spec", template.get("spec"), &mut c);
     if !needs_selector {
         return c;
     }
@@ -239,4 +287,83 @@ pub(super) fn validate_workload(obj: &Value, needs_selector: bool) -> Vec<Cause>
         }
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The causes for a DaemonSet with this `rollingUpdate`, defaulted.
+    fn ds_causes(ru: Value) -> Vec<String> {
+        let mut obj = json!({
+            "spec": {
+                "selector": {"matchLabels": {"app": "a"}},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": ru},
+                "template": {
+                    "metadata": {"labels": {"app": "a"}},
+                    "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+                }
+            }
+        });
+        DaemonSet.default(&mut obj);
+        DaemonSet
+            .validate(&obj)
+            .into_iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect()
+    }
+
+    const RU: &str = "spec.updateStrategy.rollingUpdate";
+
+    #[test]
+    fn daemonset_surges_or_takes_down_never_both() {
+        assert_eq!(ds_causes(json!({})), Vec::<String>::new());
+        assert_eq!(
+            ds_causes(json!({"maxSurge": 1, "maxUnavailable": 0})),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            ds_causes(json!({"maxSurge": "100%", "maxUnavailable": "0%"})),
+            Vec::<String>::new()
+        );
+        // maxUnavailable defaults to 1: a surge needs an explicit 0.
+        assert_eq!(
+            ds_causes(json!({"maxSurge": "25%"})),
+            [format!("{RU}.maxSurge: Invalid value: \"25%\": may not be set when maxUnavailable is non-zero")]
+        );
+        assert_eq!(
+            ds_causes(json!({"maxSurge": 0, "maxUnavailable": "0%"})),
+            [format!(
+                "{RU}.maxUnavailable: Required value: cannot be 0 when maxSurge is 0"
+            )]
+        );
+    }
+
+    #[test]
+    fn daemonset_bounds_are_nonnegative_ints_or_percents_up_to_100() {
+        assert_eq!(
+            ds_causes(json!({"maxSurge": -1, "maxUnavailable": 0})),
+            [format!(
+                "{RU}.maxSurge: Invalid value: \"-1\": must be greater than or equal to 0"
+            )]
+        );
+        assert_eq!(
+            ds_causes(json!({"maxSurge": "101%", "maxUnavailable": 0})),
+            [format!(
+                "{RU}.maxSurge: Invalid value: \"101%\": must not be greater than 100%"
+            )]
+        );
+        let bad = ds_causes(json!({"maxSurge": 0, "maxUnavailable": "ten%"}));
+        assert_eq!(bad.len(), 2, "{bad:?}");
+        assert!(bad[0].starts_with(&format!(
+            "{RU}.maxUnavailable: Invalid value: \"ten%\": a valid percent string"
+        )));
+        assert!(bad[1].ends_with("cannot be 0 when maxSurge is 0"));
+        // OnDelete ignores the bounds.
+        let mut obj = json!({"spec": {"updateStrategy": {"type": "OnDelete",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}}}});
+        DaemonSet.default(&mut obj);
+        let causes = DaemonSet.validate(&obj);
+        assert!(causes.iter().all(|c| !c.field.starts_with(RU)));
+    }
 }

@@ -2,6 +2,7 @@
 //! QoS class on create, graceful deletion, the node-served subresources and
 //! the `kubectl get pods` columns (upstream's `pkg/registry/core/pod`).
 
+pub(crate) mod affinity;
 mod binding;
 mod ephemeral;
 mod eviction;
@@ -95,6 +96,7 @@ impl Strategy for Pod {
             ephemeral::validate("spec", spec, &mut c);
         }
         security::validate("spec", obj.get("spec"), &mut c);
+        affinity::validate("spec", obj.get("spec"), &mut c);
         c
     }
 

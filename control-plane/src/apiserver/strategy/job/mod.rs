@@ -2,6 +2,8 @@
 //! Job's own uid (upstream's job strategy `generateSelector`), validation
 //! and the `kubectl get jobs` columns.
 
+mod validation;
+
 use serde_json::{json, Value};
 
 use super::workloads::validate_workload;
@@ -37,11 +39,39 @@ impl Strategy for Job {
         {
             spec.insert("completions".into(), json!(1));
         }
-        set(spec, "backoffLimit", json!(6));
+        // With per-index limits the Job-wide limit is off unless given.
+        let backoff = if spec.contains_key("backoffLimitPerIndex") {
+            i64::from(i32::MAX)
+        } else {
+            6
+        };
+        set(spec, "backoffLimit", json!(backoff));
         set(spec, "completionMode", json!("NonIndexed"));
         set(spec, "suspend", json!(false));
         set(spec, "manualSelector", json!(false));
-        set(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+        // A pod failure policy judges failed pods: replacing a pod before
+        // it has failed would run two at once for its index.
+        let replacement = if spec.contains_key("podFailurePolicy") {
+            "Failed"
+        } else {
+            "TerminatingOrFailed"
+        };
+        set(spec, "podReplacementPolicy", json!(replacement));
+        if let Some(rules) = spec
+            .get_mut("podFailurePolicy")
+            .and_then(|p| p.get_mut("rules"))
+            .and_then(Value::as_array_mut)
+        {
+            for pattern in rules
+                .iter_mut()
+                .filter_map(|r| r.get_mut("onPodConditions"))
+                .filter_map(Value::as_array_mut)
+                .flatten()
+                .filter_map(Value::as_object_mut)
+            {
+                set(pattern, "status", json!("True"));
+            }
+        }
         template(spec);
     }
 
@@ -57,15 +87,27 @@ impl Strategy for Job {
             )),
             None => c.push(Cause::required("spec.template.spec.restartPolicy")),
         }
-        refuse_unsupported(&obj["spec"], &mut c);
+        validation::spec(&obj["spec"], &mut c);
+        if let Some(m) = obj["spec"]["managedBy"].as_str() {
+            if m.len() > 63 {
+                c.push(Cause::too_long("spec.managedBy", 63));
+            }
+        }
         c
     }
 
-    /// Upstream `validateJobSpecUpdate` for the fields we accept: what
-    /// decides which pods belong to the Job, and who runs it, is fixed.
+    /// Upstream `validateJobSpecUpdate`: what decides which pods belong to
+    /// the Job, how their failures are judged, and who runs it, is fixed.
     fn validate_update(&self, old: &Value, new: &Value) -> Vec<Cause> {
         let mut c = self.validate(new);
-        for field in ["selector", "completionMode", "managedBy"] {
+        for field in [
+            "selector",
+            "completionMode",
+            "managedBy",
+            "podFailurePolicy",
+            "backoffLimitPerIndex",
+            "successPolicy",
+        ] {
             let (was, now) = (&old["spec"][field], &new["spec"][field]);
             if was != now {
                 let shown = match now {
@@ -75,6 +117,20 @@ impl Strategy for Job {
                 c.push(Cause::invalid(
                     format!("spec.{field}"),
                     &shown,
+                    "field is immutable",
+                ));
+            }
+        }
+        // Only an elastic Indexed Job (completions kept equal to
+        // parallelism) may change its completions.
+        let (was, now) = (&old["spec"]["completions"], &new["spec"]["completions"]);
+        if was != now {
+            let elastic =
+                new["spec"]["completionMode"] == "Indexed" && now == &new["spec"]["parallelism"];
+            if !elastic {
+                c.push(Cause::invalid(
+                    "spec.completions",
+                    &now.to_string(),
                     "field is immutable",
                 ));
             }
@@ -191,40 +247,6 @@ fn generate_selector(obj: &mut Value) {
     labels["job-name"] = json!(name);
 }
 
-/// Fields the Job controller does not honour yet: refused rather than
-/// silently ignored (an Indexed Job run as NonIndexed would hand every pod
-/// the same work; an ignored podFailurePolicy would retry what must fail).
-fn refuse_unsupported(spec: &Value, c: &mut Vec<Cause>) {
-    if let Some(mode) = spec["completionMode"]
-        .as_str()
-        .filter(|m| *m != "NonIndexed")
-    {
-        c.push(Cause::not_supported(
-            "spec.completionMode",
-            mode,
-            &["NonIndexed"],
-        ));
-    }
-    for field in [
-        "podFailurePolicy",
-        "successPolicy",
-        "backoffLimitPerIndex",
-        "maxFailedIndexes",
-    ] {
-        if !spec[field].is_null() {
-            c.push(Cause::forbidden(
-                format!("spec.{field}"),
-                "not supported by this server",
-            ));
-        }
-    }
-    if let Some(m) = spec["managedBy"].as_str() {
-        if m.len() > 63 {
-            c.push(Cause::too_long("spec.managedBy", 63));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,18 +267,36 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_fields_are_refused_by_name() {
-        assert!(Job.validate(&job(json!({}))).is_empty());
-        for (field, value) in [
-            ("completionMode", json!("Indexed")),
-            ("podFailurePolicy", json!({"rules": []})),
-            ("successPolicy", json!({"rules": []})),
-            ("backoffLimitPerIndex", json!(1)),
-            ("maxFailedIndexes", json!(1)),
-        ] {
-            let shown = format!("{:?}", Job.validate(&job(json!({field: value}))));
-            assert!(shown.contains(&format!("spec.{field}")), "{field}: {shown}");
-        }
+    fn policies_change_the_defaults_as_upstream() {
+        let plain = job(json!({}));
+        assert!(Job.validate(&plain).is_empty());
+        assert_eq!(plain["spec"]["backoffLimit"], 6);
+        assert_eq!(plain["spec"]["podReplacementPolicy"], "TerminatingOrFailed");
+        let o = job(json!({
+            "completionMode": "Indexed", "completions": 3, "backoffLimitPerIndex": 1,
+            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+        }));
+        assert_eq!(o["spec"]["backoffLimit"], i64::from(i32::MAX));
+        assert_eq!(o["spec"]["podReplacementPolicy"], "Failed");
+        assert_eq!(
+            o["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["status"],
+            "True"
+        );
+        assert!(Job.validate(&o).is_empty(), "{:?}", Job.validate(&o));
+    }
+
+    #[test]
+    fn completions_change_only_for_elastic_indexed_jobs() {
+        let old = job(json!({"completions": 3}));
+        let mut new = old.clone();
+        new["spec"]["completions"] = json!(4);
+        let shown = format!("{:?}", Job.validate_update(&old, &new));
+        assert!(shown.contains("spec.completions"), "{shown}");
+        let old = job(json!({"completionMode": "Indexed", "completions": 3, "parallelism": 3}));
+        let mut new = old.clone();
+        new["spec"]["completions"] = json!(4);
+        new["spec"]["parallelism"] = json!(4);
+        assert!(Job.validate_update(&old, &new).is_empty());
     }
 
     #[test]
