@@ -510,6 +510,61 @@ impl Cluster {
         }
     }
 
+    /// kubectl fed `input` whose stdin stays open until its stdout shows
+    /// `want` (then it is closed and kubectl waited for): for sessions
+    /// that end with their input, such as `attach -i` to a container
+    /// without `stdinOnce`, where an answer still on its way when the
+    /// input ends would be lost. Returns the stdout.
+    ///
+    /// # Errors
+    /// kubectl cannot start, or `want` does not show within the kubectl
+    /// timeout (the error carries what was read).
+    pub async fn kubectl_conversation(
+        &self,
+        args: &[&str],
+        input: &str,
+        want: &str,
+    ) -> Result<String> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut child = tokio::process::Command::new(kubectl_binary())
+            .env("KUBECONFIG", self.admin_kubeconfig())
+            .env("HOME", &self.dir)
+            .arg(format!(
+                "--cache-dir={}",
+                self.dir.join("kube-cache").display()
+            ))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("running kubectl")?;
+        let mut stdin = child.stdin.take().context("kubectl stdin")?;
+        let mut stdout = child.stdout.take().context("kubectl stdout")?;
+        stdin.write_all(input.as_bytes()).await?;
+        let mut seen = Vec::new();
+        let read = async {
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&seen).contains(want) {
+                let n = stdout.read(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+            }
+            anyhow::Ok(())
+        };
+        let finished = tokio::time::timeout(KUBECTL_TIMEOUT, read).await;
+        drop(stdin);
+        let _ = tokio::time::timeout(KUBECTL_TIMEOUT, child.wait()).await;
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        match finished {
+            Ok(r) => r.map(|()| text),
+            Err(_) => bail!("kubectl {args:?}: no {want:?} in {KUBECTL_TIMEOUT:?}; read {text:?}"),
+        }
+    }
+
     /// kubectl that must succeed; returns its stdout.
     ///
     /// # Errors

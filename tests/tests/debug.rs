@@ -1,7 +1,8 @@
 //! `kubectl debug` end to end on a one-node cluster: an ephemeral
 //! container added to a running pod runs in the pod's sandbox with the
 //! target container's PID namespace, is reported in
-//! `status.ephemeralContainerStatuses` and has its logs; a node debugging
+//! `status.ephemeralContainerStatuses` and has its logs; `kubectl attach`
+//! reaches an ephemeral container's stdin and output; a node debugging
 //! pod (host namespaces, the node's root at /host) runs to completion.
 
 use std::time::Duration;
@@ -102,6 +103,46 @@ async fn kubectl_debug_pod_and_node() -> Result<()> {
         logs.contains("sleep 3601"),
         "the target's process is not visible:\n{logs}"
     );
+
+    // An ephemeral `cat` left waiting on its stdin, then `kubectl attach`
+    // to it: what kubectl reads from its stdin comes back. (The session
+    // ends when kubectl's stdin does, as upstream, so kubectl's stdin is
+    // held open until the answer is in.)
+    cluster
+        .kubectl_ok(&[
+            "debug",
+            "web",
+            &format!("--image={TOOLBOX_IMAGE}"),
+            "--image-pull-policy=Never",
+            "-i",
+            "--attach=false",
+            "-c",
+            "echo",
+            "--",
+            "cat",
+        ])
+        .await?;
+    wait_for("the ephemeral cat to run", T, || async {
+        let p = api.get("web").await?;
+        let running = p
+            .status
+            .as_ref()
+            .and_then(|s| s.ephemeral_container_statuses.as_ref())
+            .and_then(|all| all.iter().find(|c| c.name == "echo"))
+            .and_then(|c| c.state.as_ref())
+            .is_some_and(|s| s.running.is_some());
+        ensure!(running, "not running yet");
+        Ok(())
+    })
+    .await?;
+    let said = cluster
+        .kubectl_conversation(
+            &["attach", "web", "-c", "echo", "-i"],
+            "attached\n",
+            "attached",
+        )
+        .await?;
+    ensure!(said.contains("attached"), "attach: {said}");
 
     // A node debugging pod: host namespaces and the node's / at /host.
     let node = cluster.nodes()[0].name().to_string();
