@@ -462,6 +462,8 @@ spec:
     cluster
         .kubectl_ok(&["rollout", "status", "deploy/app", "--timeout=120s"])
         .await?;
+    // Before the drain, which removes the finished pods on its node.
+    check_jobs(&cluster, &jobs, &pods).await?;
     let by_node = wait_for("the budget to allow one disruption", T, || async {
         let out = cluster
             .kubectl_ok(&[
@@ -547,6 +549,5 @@ spec:
         Ok(())
     })
     .await?;
-    check_jobs(&cluster, &jobs, &pods).await?;
     cluster.finish().await
 }
