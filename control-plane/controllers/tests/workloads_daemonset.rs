@@ -9,11 +9,9 @@ mod workloads_support;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::DeleteParams;
-use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use workloads_support::{is_ready, until, Env};
@@ -215,29 +213,11 @@ async fn rolling_update_replaces_one_node_at_a_time() {
 
     // maxUnavailable 1 of 3 nodes: never fewer than 2 ready daemons.
     let low = Arc::new(Mutex::new(Vec::new()));
-    let (store, writer) = reflector::store::<Pod>();
-    let api: Api<Pod> = Api::default_namespaced(env.client.clone());
     let l = low.clone();
-    let watch = tokio::spawn(async move {
-        let mut events = std::pin::pin!(watcher(api, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer));
-        while let Some(ev) = events.next().await {
-            // Only a complete store is a moment of the cluster.
-            if !matches!(
-                ev,
-                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
-            ) {
-                continue;
-            }
-            let ready = store
-                .state()
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
-                .count();
-            if ready < 2 {
-                l.lock().unwrap().push(ready);
-            }
+    let watch = env.watch_pods("app=agent", move |live| {
+        let ready = live.iter().filter(|p| is_ready(p)).count();
+        if ready < 2 {
+            l.lock().unwrap().push(ready);
         }
     });
     env.kubectl(&["set", "image", "ds/agent", "c=busybox:2"]);
@@ -288,30 +268,12 @@ async fn rolling_update_with_max_surge_starts_the_new_daemon_beside_the_old() {
 
     // Every moment of the rollout: how many live daemons, how many ready.
     let seen = Arc::new(Mutex::new((usize::MAX, 0usize)));
-    let (store, writer) = reflector::store::<Pod>();
-    let api: Api<Pod> = Api::default_namespaced(env.client.clone());
     let s = seen.clone();
-    let watch = tokio::spawn(async move {
-        let mut events = std::pin::pin!(watcher(api, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer));
-        while let Some(ev) = events.next().await {
-            if !matches!(
-                ev,
-                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
-            ) {
-                continue;
-            }
-            let live: Vec<_> = store
-                .state()
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            let ready = live.iter().filter(|p| is_ready(p)).count();
-            let mut s = s.lock().unwrap();
-            s.0 = s.0.min(ready);
-            s.1 = s.1.max(live.len());
-        }
+    let watch = env.watch_pods("app=agent", move |live| {
+        let ready = live.iter().filter(|p| is_ready(p)).count();
+        let mut s = s.lock().unwrap();
+        s.0 = s.0.min(ready);
+        s.1 = s.1.max(live.len());
     });
     env.kubectl(&["set", "image", "ds/agent", "c=busybox:2"]);
     until("the new template on both nodes", 60, || async {

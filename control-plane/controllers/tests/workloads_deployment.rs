@@ -8,11 +8,8 @@ mod workloads_support;
 
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
-use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use skiff_control_plane::testkit::fails;
 use workloads_support::{is_ready, until, Env};
@@ -134,35 +131,14 @@ impl Bounds {
     fn watch(env: &Env, max: usize, min_ready: usize) -> Bounds {
         let violations = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::new(Mutex::new(0));
-        let (store, writer) = reflector::store::<Pod>();
-        let api: Api<Pod> = Api::default_namespaced(env.client.clone());
         let (v, n) = (violations.clone(), seen.clone());
-        let task = tokio::spawn(async move {
-            let mut events =
-                std::pin::pin!(watcher(api, watcher::Config::default().labels("app=web"))
-                    .default_backoff()
-                    .reflect(writer));
-            while let Some(ev) = events.next().await {
-                if !matches!(
-                    ev,
-                    Ok(watcher::Event::Apply(_)
-                        | watcher::Event::Delete(_)
-                        | watcher::Event::InitDone)
-                ) {
-                    continue;
-                }
-                let pods = store.state();
-                let active: Vec<_> = pods
-                    .iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .collect();
-                let ready = active.iter().filter(|p| is_ready(p)).count();
-                *n.lock().unwrap() += 1;
-                if active.len() > max || ready < min_ready {
-                    v.lock()
-                        .unwrap()
-                        .push(format!("{} active, {ready} ready", active.len()));
-                }
+        let task = env.watch_pods("app=web", move |active| {
+            let ready = active.iter().filter(|p| is_ready(p)).count();
+            *n.lock().unwrap() += 1;
+            if active.len() > max || ready < min_ready {
+                v.lock()
+                    .unwrap()
+                    .push(format!("{} active, {ready} ready", active.len()));
             }
         });
         Bounds {
@@ -360,29 +336,14 @@ async fn recreate_stops_old_pods_before_starting_new_ones() {
 
     // Record every moment old and new pods were both active.
     let mixed = Arc::new(Mutex::new(Vec::new()));
-    let (store, writer) = reflector::store::<Pod>();
-    let api: Api<Pod> = Api::default_namespaced(env.client.clone());
     let m = mixed.clone();
-    let watch = tokio::spawn(async move {
-        let mut events = std::pin::pin!(watcher(api, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer));
-        while let Some(ev) = events.next().await {
-            if !matches!(
-                ev,
-                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
-            ) {
-                continue;
-            }
-            let hashes: std::collections::BTreeSet<String> = store
-                .state()
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .map(|p| p.labels()["pod-template-hash"].clone())
-                .collect();
-            if hashes.len() > 1 {
-                m.lock().unwrap().push(format!("{hashes:?}"));
-            }
+    let watch = env.watch_pods("app=web", move |live| {
+        let hashes: std::collections::BTreeSet<String> = live
+            .iter()
+            .map(|p| p.labels()["pod-template-hash"].clone())
+            .collect();
+        if hashes.len() > 1 {
+            m.lock().unwrap().push(format!("{hashes:?}"));
         }
     });
     env.kubectl(&["set", "image", "deployment/web", "c=busybox:2"]);

@@ -6,10 +6,14 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures::StreamExt;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use skiff_control_plane::testkit::{eventually, TestServer};
@@ -175,6 +179,40 @@ impl Env {
             ..Default::default()
         };
         let _ = self.pods().delete(name, &dp).await;
+    }
+
+    /// Call `moment` with the live pods (not being deleted) matching
+    /// `selector` at every moment the pod watch shows a complete store,
+    /// until the returned task is aborted: what a rollout test asserts
+    /// about every state the cluster passed through.
+    pub fn watch_pods(
+        &self,
+        selector: &str,
+        mut moment: impl FnMut(&[Arc<Pod>]) + Send + 'static,
+    ) -> JoinHandle<()> {
+        let (store, writer) = reflector::store::<Pod>();
+        let api: Api<Pod> = Api::default_namespaced(self.client.clone());
+        let config = watcher::Config::default().labels(selector);
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, config).default_backoff().reflect(writer));
+            while let Some(ev) = events.next().await {
+                // Only a complete store is a moment of the cluster.
+                if !matches!(
+                    ev,
+                    Ok(watcher::Event::Apply(_)
+                        | watcher::Event::Delete(_)
+                        | watcher::Event::InitDone)
+                ) {
+                    continue;
+                }
+                let live: Vec<Arc<Pod>> = store
+                    .state()
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .collect();
+                moment(&live);
+            }
+        })
     }
 
     /// Make every active pod with `selector` Running and Ready.
