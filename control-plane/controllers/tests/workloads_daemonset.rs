@@ -83,6 +83,30 @@ async fn wait_placement(env: &Env, nodes: &[&str]) {
     .await;
 }
 
+/// Change the image to busybox:2 and, as the agents would, make each
+/// new daemon ready as it comes, until all `nodes` run it and the status
+/// says so.
+async fn roll_to_busybox_2(env: &Env, nodes: usize) {
+    env.kubectl(&["set", "image", "ds/agent", "c=busybox:2"]);
+    let n = nodes as i32;
+    until("the new template on every node", 60, || async {
+        if let Some(p) = env
+            .active_pods("app=agent")
+            .await
+            .iter()
+            .find(|p| !is_ready(p))
+        {
+            env.set_running(&p.name_any(), true).await;
+        }
+        let s = status(env).await;
+        let images = env.active_images("app=agent").await;
+        (s == (n, n, n, n, n, 0) && images == vec!["busybox:2"; nodes])
+            .then_some(())
+            .ok_or(format!("{s:?} {images:?}"))
+    })
+    .await;
+}
+
 async fn status(env: &Env) -> (i32, i32, i32, i32, i32, i32) {
     let ds = Api::<DaemonSet>::default_namespaced(env.client.clone())
         .get("agent")
@@ -220,23 +244,7 @@ async fn rolling_update_replaces_one_node_at_a_time() {
             l.lock().unwrap().push(ready);
         }
     });
-    env.kubectl(&["set", "image", "ds/agent", "c=busybox:2"]);
-    until("the new template on every node", 60, || async {
-        if let Some(p) = env
-            .active_pods("app=agent")
-            .await
-            .iter()
-            .find(|p| !is_ready(p))
-        {
-            env.set_running(&p.name_any(), true).await;
-        }
-        let s = status(&env).await;
-        let images = env.active_images("app=agent").await;
-        (s == (3, 3, 3, 3, 3, 0) && images == ["busybox:2"; 3])
-            .then_some(())
-            .ok_or(format!("{s:?} {images:?}"))
-    })
-    .await;
+    roll_to_busybox_2(&env, 3).await;
     watch.abort();
     assert!(
         low.lock().unwrap().is_empty(),
@@ -275,23 +283,7 @@ async fn rolling_update_with_max_surge_starts_the_new_daemon_beside_the_old() {
         s.0 = s.0.min(ready);
         s.1 = s.1.max(live.len());
     });
-    env.kubectl(&["set", "image", "ds/agent", "c=busybox:2"]);
-    until("the new template on both nodes", 60, || async {
-        if let Some(p) = env
-            .active_pods("app=agent")
-            .await
-            .iter()
-            .find(|p| !is_ready(p))
-        {
-            env.set_running(&p.name_any(), true).await;
-        }
-        let s = status(&env).await;
-        let images = env.active_images("app=agent").await;
-        (s == (2, 2, 2, 2, 2, 0) && images == ["busybox:2"; 2])
-            .then_some(())
-            .ok_or(format!("{s:?} {images:?}"))
-    })
-    .await;
+    roll_to_busybox_2(&env, 2).await;
     watch.abort();
     let (fewest_ready, most_live) = *seen.lock().unwrap();
     assert_eq!(fewest_ready, 2, "a node was without a ready daemon");
