@@ -146,22 +146,11 @@ impl Topology {
 }
 
 /// Run the filters for `pod` (with `volumes`, what
-/// [`crate::volumes::Volumes::prefilter`] found, when it has claims) on
-/// `node`; `report` receives the reasons of the first filter that fails.
-/// Returns true when the pod fits. No topology rules are checked: see
-/// [`check_with`].
+/// [`crate::volumes::Volumes::prefilter`] found, when it has claims, and
+/// `topology`, what the topology spread and inter-pod affinity checks
+/// counted for this attempt) on `node`; `report` receives the reasons of
+/// the first filter that fails. Returns true when the pod fits.
 pub fn check<'a>(
-    pod: &'a PodInfo,
-    volumes: Option<&PodVolumes>,
-    node: &'a NodeInfo,
-    report: &mut impl FnMut(Reason<'a>),
-) -> bool {
-    check_with(pod, volumes, &Topology::NONE, node, report)
-}
-
-/// [`check`], with the topology spread and inter-pod affinity checks of
-/// what `topology` counted for this attempt.
-pub fn check_with<'a>(
     pod: &'a PodInfo,
     volumes: Option<&PodVolumes>,
     topology: &Topology,
@@ -206,18 +195,13 @@ pub fn check_with<'a>(
 }
 
 /// True when `pod` fits `node`.
-pub fn fits(pod: &PodInfo, volumes: Option<&PodVolumes>, node: &NodeInfo) -> bool {
-    check(pod, volumes, node, &mut |_| {})
-}
-
-/// [`fits`], with the topology checks.
-pub fn fits_with(
+pub fn fits(
     pod: &PodInfo,
     volumes: Option<&PodVolumes>,
     topology: &Topology,
     node: &NodeInfo,
 ) -> bool {
-    check_with(pod, volumes, topology, node, &mut |_| {})
+    check(pod, volumes, topology, node, &mut |_| {})
 }
 
 /// VolumeRestrictions (ReadWriteOncePod), then VolumeBinding, whose
@@ -338,15 +322,6 @@ fn resources_fit<'a>(
 pub fn fit_error<'a>(
     pod: &'a PodInfo,
     volumes: Option<&PodVolumes>,
-    nodes: impl Iterator<Item = &'a NodeInfo>,
-) -> String {
-    fit_error_with(pod, volumes, &Topology::NONE, nodes)
-}
-
-/// [`fit_error`], with the topology checks.
-pub fn fit_error_with<'a>(
-    pod: &'a PodInfo,
-    volumes: Option<&PodVolumes>,
     topology: &Topology,
     nodes: impl Iterator<Item = &'a NodeInfo>,
 ) -> String {
@@ -354,7 +329,7 @@ pub fn fit_error_with<'a>(
     let mut total = 0;
     for node in nodes {
         total += 1;
-        check_with(pod, volumes, topology, node, &mut |r| {
+        check(pod, volumes, topology, node, &mut |r| {
             *counts.entry(r.to_string()).or_default() += 1
         });
     }
@@ -418,7 +393,9 @@ mod tests {
 
     fn reasons(p: &PodInfo, n: &NodeInfo) -> Vec<String> {
         let mut out = Vec::new();
-        check(p, None, n, &mut |r| out.push(r.to_string()));
+        check(p, None, &Topology::NONE, n, &mut |r| {
+            out.push(r.to_string())
+        });
         out
     }
 
@@ -431,7 +408,7 @@ mod tests {
     fn resources_fit_against_allocatable_minus_requested() {
         let mut n = node("n", json!({}));
         let p = requesting("1500m", "1Gi");
-        assert!(fits(&p, None, &n));
+        assert!(fits(&p, None, &Topology::NONE, &n));
         n.add_pod(&p);
         assert_eq!(reasons(&p, &n), ["Insufficient cpu"]);
         let big = requesting("100m", "8Gi");
@@ -442,14 +419,14 @@ mod tests {
             ["Insufficient cpu", "Insufficient memory"]
         );
         // A pod requesting nothing fits an overcommitted node.
-        assert!(fits(&pod(json!({})), None, &n));
+        assert!(fits(&pod(json!({})), None, &Topology::NONE, &n));
     }
 
     #[test]
     fn max_pods() {
         let mut n = node("n", json!({"status": {"allocatable": {"pods": "1"}}}));
         let p = pod(json!({}));
-        assert!(fits(&p, None, &n));
+        assert!(fits(&p, None, &Topology::NONE, &n));
         n.add_pod(&p);
         assert_eq!(reasons(&p, &n), ["Too many pods"]);
     }
@@ -477,17 +454,17 @@ mod tests {
             ["node(s) had untolerated taint {node.kubernetes.io/not-ready: }"]
         );
         let unknown = node("n", json!({"status": {"conditions": []}}));
-        assert!(!fits(&p, None, &unknown));
+        assert!(!fits(&p, None, &Topology::NONE, &unknown));
         let daemon = pod(json!({"tolerations": [
             {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
             {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]}));
-        assert!(fits(&daemon, None, &not_ready));
+        assert!(fits(&daemon, None, &Topology::NONE, &not_ready));
         let cordoned = node("n", json!({"spec": {"unschedulable": true}}));
         assert_eq!(reasons(&p, &cordoned), ["node(s) were unschedulable"]);
         let tolerant = pod(
             json!({"tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]}),
         );
-        assert!(fits(&tolerant, None, &cordoned));
+        assert!(fits(&tolerant, None, &Topology::NONE, &cordoned));
         // An unreachable node with only the lifecycle controller's NoExecute
         // taint takes no new pods, though every pod tolerates that taint
         // for a while.
@@ -533,7 +510,7 @@ mod tests {
         ];
         for (tol, ok) in cases {
             let p = pod(json!({"tolerations": [tol.clone()]}));
-            assert_eq!(fits(&p, None, &n), ok, "{tol}");
+            assert_eq!(fits(&p, None, &Topology::NONE, &n), ok, "{tol}");
         }
     }
 
@@ -544,7 +521,12 @@ mod tests {
             json!({"metadata": {"labels": {"disk": "ssd", "cores": "8"}}}),
         );
         let sel = |s: Value| pod(json!({"nodeSelector": s}));
-        assert!(fits(&sel(json!({"disk": "ssd"})), None, &n));
+        assert!(fits(
+            &sel(json!({"disk": "ssd"})),
+            None,
+            &Topology::NONE,
+            &n
+        ));
         assert_eq!(
             reasons(&sel(json!({"disk": "hdd"})), &n),
             ["node(s) didn't match Pod's node affinity/selector"]
@@ -578,7 +560,7 @@ mod tests {
             ),
         ];
         for (i, (p, ok)) in cases.iter().enumerate() {
-            assert_eq!(fits(p, None, &n), *ok, "case {i}");
+            assert_eq!(fits(p, None, &Topology::NONE, &n), *ok, "case {i}");
         }
     }
 
@@ -594,8 +576,13 @@ mod tests {
             reasons(&with_port(8080, ""), &n),
             ["node(s) didn't have free ports for the requested pod ports"]
         );
-        assert!(fits(&with_port(8080, "127.0.0.2"), None, &n));
-        assert!(fits(&with_port(8081, ""), None, &n));
+        assert!(fits(
+            &with_port(8080, "127.0.0.2"),
+            None,
+            &Topology::NONE,
+            &n
+        ));
+        assert!(fits(&with_port(8081, ""), None, &Topology::NONE, &n));
     }
 
     #[test]
@@ -611,11 +598,11 @@ mod tests {
         let p = requesting("1", "0");
         let nodes = [full, full2, tainted];
         assert_eq!(
-            fit_error(&p, None, nodes.iter()),
+            fit_error(&p, None, &Topology::NONE, nodes.iter()),
             "0/3 nodes are available: 1 node(s) had untolerated taint {k: v}, 2 Insufficient cpu."
         );
         assert_eq!(
-            fit_error(&p, None, [].iter()),
+            fit_error(&p, None, &Topology::NONE, [].iter()),
             "no nodes available to schedule pods"
         );
     }

@@ -329,13 +329,12 @@ impl Scheduler {
             let feasible: Vec<&NodeInfo> = self
                 .cache
                 .nodes()
-                .filter(|n| filter::fits_with(&pod, volumes.as_ref(), &topology, n))
+                .filter(|n| filter::fits(&pod, volumes.as_ref(), &topology, n))
                 .collect();
             score::select(&pod, &feasible, &mut self.rng).map(|n| n.name.clone())
         };
         let Some(node) = chosen else {
-            let message =
-                filter::fit_error_with(&pod, volumes.as_ref(), &topology, self.cache.nodes());
+            let message = filter::fit_error(&pod, volumes.as_ref(), &topology, self.cache.nodes());
             self.unschedulable(&pod, message, now);
             return;
         };

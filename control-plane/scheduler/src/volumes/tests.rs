@@ -483,7 +483,7 @@ fn read_write_once_pod_claims_in_use_fail_every_node() {
     assert!(pv.rwop_conflict);
     let nodes = [node("a"), node("b")];
     assert_eq!(
-        filter::fit_error(&p, Some(&pv), nodes.iter()),
+        filter::fit_error(&p, Some(&pv), &filter::Topology::NONE, nodes.iter()),
         "0/2 nodes are available: 2 node has pod using PersistentVolumeClaim \
          with the same name and ReadWriteOncePod access mode."
     );
@@ -512,10 +512,15 @@ fn volume_reasons_join_the_others_in_the_message() {
     // Resources are checked before volumes: a full node reports only
     // that, as upstream stops at the first failing filter.
     assert_eq!(
-        filter::fit_error(&p, Some(&pv), nodes[..3].iter()),
+        filter::fit_error(&p, Some(&pv), &filter::Topology::NONE, nodes[..3].iter()),
         "0/3 nodes are available: 1 Insufficient cpu, 2 node(s) had volume node affinity conflict."
     );
-    assert!(filter::fits(&p, Some(&pv), &nodes[3]));
+    assert!(filter::fits(
+        &p,
+        Some(&pv),
+        &filter::Topology::NONE,
+        &nodes[3]
+    ));
     assert_eq!(
         filter::prefilter_error(4, "pod has unbound immediate PersistentVolumeClaims"),
         "0/4 nodes are available: pod has unbound immediate PersistentVolumeClaims."
