@@ -131,7 +131,7 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
     } else {
         "ContainersNotInitialized"
     };
-    let conditions = vec![
+    let mut conditions = vec![
         cond(
             "PodReadyToStartContainers",
             sandbox_ready,
@@ -162,7 +162,6 @@ pub fn compute(pod: &Pod, i: &Inputs) -> PodStatus {
     // Conditions other writers own (an eviction's DisruptionTarget, a
     // readiness gate's) stay as the API has them: the kubelet's status
     // merge keeps every condition it does not own.
-    let mut conditions = conditions;
     conditions.extend(
         pod.status
             .as_ref()

@@ -225,8 +225,9 @@ struct Tally {
     completed: Indexes,
     /// With per-index limits: the failed indexes, recorded and new.
     failed_indexes: Indexes,
-    /// What the pod failure policy made of each newly failed pod, by uid.
-    verdicts: HashMap<String, Verdict>,
+    /// Newly failed pods (by uid) whose failure the pod failure policy
+    /// ignores: they are replaced, never counted.
+    ignored: HashSet<String>,
     new_ok: i32,
     new_failed: i32,
     uncounted_ok: i32,
@@ -255,7 +256,7 @@ impl Tally {
             indexed,
             completed: recorded(&status.completed_indexes),
             failed_indexes: recorded(&status.failed_indexes),
-            verdicts: HashMap::new(),
+            ignored: HashSet::new(),
             new_ok: 0,
             new_failed: 0,
             uncounted_ok: unc_ok.len() as i32,
@@ -298,13 +299,16 @@ impl Tally {
                         t.failed_indexes.insert(i);
                     }
                 }
-                if verdict != Verdict::Ignore {
-                    t.new_failed += 1;
+                match verdict {
+                    Verdict::Ignore => {
+                        t.ignored.insert(uid);
+                    }
+                    Verdict::FailJob(m) => {
+                        t.fail_job.get_or_insert(m);
+                        t.new_failed += 1;
+                    }
+                    Verdict::Count | Verdict::FailIndex => t.new_failed += 1,
                 }
-                if let Verdict::FailJob(m) = &verdict {
-                    t.fail_job.get_or_insert(m.clone());
-                }
-                t.verdicts.insert(uid, verdict);
             }
         }
         t
@@ -328,7 +332,7 @@ impl Tally {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         self.indexed
             .is_none_or(|n| job_index::index_of(pod, n).is_some())
-            && self.verdicts.get(uid) != Some(&Verdict::Ignore)
+            && !self.ignored.contains(uid)
     }
 
     /// Active pods of an Indexed Job that must go: no valid index, an index
