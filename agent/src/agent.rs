@@ -168,7 +168,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         images: crate::runtime::image::ImagePuller::new(Backoff::new(
             config.backoff_initial,
             config.backoff_max,
-        )),
+        ))
+        .with_client(client.clone()),
         config: config.clone(),
         runtime: runtime.clone(),
         recorder,

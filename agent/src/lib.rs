@@ -12,8 +12,8 @@
 //! - [`plan`]: the pure decision of a sync (the kubelet's computePodActions).
 //! - [`runtime`]: the only code that writes through CRI: configs,
 //!   observation, starting sandboxes and containers ([`runtime::start`]),
-//!   image pulls and their back-off ([`runtime::image`]), stops and
-//!   teardown.
+//!   image pulls and their back-off ([`runtime::image`]) with the pods'
+//!   pull secrets ([`runtime::credentials`]), stops and teardown.
 //! - [`pleg`]: relisting (and CRI events) to wake workers; runtime health.
 //! - [`status`]: PodStatus as the kubelet computes it; the status store
 //!   and the manager that writes it to the API.

@@ -93,7 +93,7 @@ pub async fn start(
         let c = client(&pki, url, "system:kube-scheduler").await?;
         tasks.spawn(health.track(
             SCHEDULER,
-            skiff_scheduler::run(c, skiff_scheduler::Config::default(), until_stopped()),
+            skiff_scheduler::run(c, cfg.scheduler.clone(), until_stopped()),
         ));
     }
     if cfg.disable_controller_manager {

@@ -22,6 +22,8 @@ pub enum Error {
         #[source]
         source: Box<serde_saphyr::Error>,
     },
+    #[error("--scheduler-config: {0}")]
+    Scheduler(#[from] skiff_scheduler::profile::Error),
     #[error("invalid {field} {value:?}: {why}")]
     Invalid {
         field: &'static str,
@@ -54,6 +56,9 @@ pub struct Settings {
     pub tls_san: Option<Vec<String>>,
     /// Do not run the scheduler in this process (k3s's flag).
     pub disable_scheduler: Option<bool>,
+    /// kube-scheduler's `--config`: a `KubeSchedulerConfiguration` with
+    /// the profiles (checked when the server starts).
+    pub scheduler_config: Option<PathBuf>,
     /// Do not run the controllers in this process (k3s's flag).
     pub disable_controller_manager: Option<bool>,
     /// Controllers to run: `*`, names, `-name` (kube-controller-manager's).
@@ -141,6 +146,7 @@ impl Settings {
                 .or(other.service_account_max_token_expiration),
             tls_san: self.tls_san.or(other.tls_san),
             disable_scheduler: self.disable_scheduler.or(other.disable_scheduler),
+            scheduler_config: self.scheduler_config.or(other.scheduler_config),
             disable_controller_manager: self
                 .disable_controller_manager
                 .or(other.disable_controller_manager),
@@ -227,6 +233,8 @@ pub struct Config {
     pub service_accounts: crate::auth::satoken::Settings,
     pub extra_sans: Vec<String>,
     pub disable_scheduler: bool,
+    /// The scheduler's profiles and queue settings.
+    pub scheduler: skiff_scheduler::Config,
     pub disable_controller_manager: bool,
     pub controllers: Vec<String>,
     pub node_cidr_mask_size: u8,
@@ -385,6 +393,10 @@ impl Config {
             max_connections: s.max_connections.unwrap_or(10_000),
             max_connections_per_source: s.max_connections_per_source.unwrap_or(1000),
             disable_scheduler: s.disable_scheduler.unwrap_or(false),
+            scheduler: match &s.scheduler_config {
+                Some(path) => skiff_scheduler::Config::from_file(path)?,
+                None => skiff_scheduler::Config::default(),
+            },
             disable_controller_manager: s.disable_controller_manager.unwrap_or(false),
             controllers: s.controllers.unwrap_or_else(|| vec!["*".into()]),
             default_not_ready_toleration_seconds: s
@@ -527,6 +539,35 @@ mod tests {
         std::fs::write(&f, "node-monitor-period: soon\n").unwrap();
         let e = Config::resolve(Settings::default(), Some(&f)).unwrap_err();
         assert!(e.to_string().contains("node-monitor-period"), "{e}");
+    }
+
+    #[test]
+    fn the_scheduler_config_is_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let sched = dir.path().join("scheduler.yaml");
+        let f = dir.path().join("c.yaml");
+        std::fs::write(&f, format!("scheduler-config: {}\n", sched.display())).unwrap();
+        std::fs::write(
+            &sched,
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nprofiles:\n- schedulerName: a\n- schedulerName: b\n",
+        )
+        .unwrap();
+        let c = Config::resolve(Settings::default(), Some(&f)).unwrap();
+        let names: Vec<_> = c
+            .scheduler
+            .profiles
+            .iter()
+            .map(|p| p.scheduler_name.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        std::fs::write(&sched, "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nextenders: []\n").unwrap();
+        let e = Config::resolve(Settings::default(), Some(&f))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--scheduler-config: ") && e.contains("extenders"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //! - [`quantity`]: exact quantities (`100m`, `1.5Gi`, `1e3`).
 //! - [`resources`]: a pod's effective requests, a node's allocatable.
 //! - [`qos`]: a pod's QoS class.
+//! - [`quota`]: what an object uses of a ResourceQuota, and which
+//!   quotas' scopes it falls in.
 //! - [`podstatus`]: the STATUS column of `kubectl get pods`.
 //! - [`cron`]: CronJob schedules and their next times.
 //! - [`indexes`]: Indexed Job completion index sets (`1,3-5,7`).
@@ -37,6 +39,7 @@ pub mod nodeaffinity;
 pub mod podstatus;
 pub mod qos;
 pub mod quantity;
+pub mod quota;
 pub mod resources;
 pub mod selector;
 pub mod storage;

@@ -185,8 +185,31 @@ pub fn create_run_dir() -> Result<(String, PathBuf, RunLock)> {
 ///
 /// Returns the network namespace paths the sandboxes used (from the verbose
 /// sandbox status), so that later steps can remove them if containerd did
-/// not. Errors of single calls are collected, not fatal.
+/// not. Errors of single calls are collected, not fatal; a pass that
+/// leaves errors is tried again a few times, since a container caught
+/// starting (its agent stopped mid-StartContainer) cannot be removed
+/// until containerd has finished starting it.
 pub async fn cri_teardown(client: &CriClient) -> (Vec<PathBuf>, Vec<anyhow::Error>) {
+    const PASSES: usize = 5;
+    let mut netns = Vec::new();
+    let mut errors = Vec::new();
+    for pass in 0..PASSES {
+        if pass > 0 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        let (found, left) = cri_teardown_pass(client).await;
+        netns.extend(found);
+        errors = left;
+        if errors.is_empty() {
+            break;
+        }
+    }
+    netns.sort();
+    netns.dedup();
+    (netns, errors)
+}
+
+async fn cri_teardown_pass(client: &CriClient) -> (Vec<PathBuf>, Vec<anyhow::Error>) {
     let mut errors = Vec::new();
     let mut netns = Vec::new();
     let sandboxes = match client

@@ -17,6 +17,8 @@
 //!   digests, and side-loading through `ctr images import`.
 //! - [`registry`]: a read-only OCI distribution registry on
 //!   127.0.0.1:<random port> (axum) for real CRI `PullImage` tests.
+//! - [`distribution`]: a private registry (the distribution server) with TLS
+//!   of a test CA and htpasswd auth, for pull-secret tests.
 //! - [`agent`]: a `skiff-agent` process run against a fixture's containerd
 //!   (root, logs and static pod dir inside the run directory).
 //! - [`cluster`]: a control plane (the `skiff-server` binary) and N nodes
@@ -51,6 +53,7 @@ pub mod bench;
 pub mod cleanup;
 pub mod cluster;
 pub mod containerd;
+pub mod distribution;
 pub mod images;
 pub mod join;
 pub mod logind;

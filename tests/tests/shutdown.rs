@@ -20,9 +20,9 @@ use skiff_tests::TOOLBOX_IMAGE;
 const T: Duration = Duration::from_secs(90);
 
 /// A pod on `node-1` that exits on SIGTERM.
-fn pod(name: &str, priority: Option<i32>) -> String {
-    let priority = priority
-        .map(|p| format!("  priority: {p}\n"))
+fn pod(name: &str, class: Option<&str>) -> String {
+    let priority = class
+        .map(|c| format!("  priorityClassName: {c}\n"))
         .unwrap_or_default();
     format!(
         r#"apiVersion: v1
@@ -115,12 +115,12 @@ async fn node_shutdown_stops_regular_pods_then_critical_ones_and_reports_them() 
     })
     .await?;
 
-    for (name, priority) in [
+    for (name, class) in [
         ("regular-a", None),
         ("regular-b", None),
-        ("critical", Some(2_000_000_000)),
+        ("critical", Some("system-cluster-critical")),
     ] {
-        cluster.apply(&pod(name, priority)).await?;
+        cluster.apply(&pod(name, class)).await?;
     }
     let client = cluster.client().await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use cri_proto::v1;
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ContainerImage;
 
 use crate::pleg::Health;
 use crate::runtime::Runtime;
@@ -41,6 +42,42 @@ impl RuntimeHealth {
 /// Asks the runtime how it is.
 pub trait RuntimeProbe: Send + Sync {
     fn probe(&self) -> BoxFuture<'_, RuntimeHealth>;
+
+    /// The images on the node for `status.images`, as the kubelet's
+    /// `setNodeStatusImages`; `None`: not known (the status leaves them
+    /// out).
+    fn images(&self) -> BoxFuture<'_, Option<Vec<ContainerImage>>> {
+        Box::pin(async { None })
+    }
+}
+
+/// Images reported in node status (the kubelet's `nodeStatusMaxImages`),
+/// the largest first: the scheduler's ImageLocality weighs by size.
+pub const MAX_IMAGES: usize = 50;
+/// Names reported per image (the kubelet's `MaxNamesPerImageInNodeStatus`).
+pub const MAX_NAMES_PER_IMAGE: usize = 5;
+
+/// Node status images from a CRI image list: the largest
+/// [`MAX_IMAGES`], each named by its digests then its tags.
+pub fn status_images(mut images: Vec<v1::Image>) -> Vec<ContainerImage> {
+    images.sort_by_key(|i| std::cmp::Reverse(i.size));
+    images
+        .into_iter()
+        .filter(|i| !i.repo_digests.is_empty() || !i.repo_tags.is_empty())
+        .take(MAX_IMAGES)
+        .map(|i| {
+            let names: Vec<String> = i
+                .repo_digests
+                .into_iter()
+                .chain(i.repo_tags)
+                .take(MAX_NAMES_PER_IMAGE)
+                .collect();
+            ContainerImage {
+                names: Some(names),
+                size_bytes: i64::try_from(i.size).ok(),
+            }
+        })
+        .collect()
 }
 
 /// The real probe: CRI Version and Status, and the PLEG's health.
@@ -92,6 +129,18 @@ impl CriProbe {
 }
 
 impl RuntimeProbe for CriProbe {
+    fn images(&self) -> BoxFuture<'_, Option<Vec<ContainerImage>>> {
+        Box::pin(async move {
+            let request = v1::ListImagesRequest { filter: None };
+            let listed = tokio::time::timeout(PROBE_TIMEOUT, self.runtime.cri.list_images(request));
+            match listed.await {
+                Ok(Ok(r)) => Some(status_images(r.images)),
+                // Keep what the Node has rather than reporting no images.
+                _ => None,
+            }
+        })
+    }
+
     fn probe(&self) -> BoxFuture<'_, RuntimeHealth> {
         Box::pin(async move {
             match tokio::time::timeout(PROBE_TIMEOUT, self.check()).await {
@@ -139,6 +188,47 @@ pub fn condition_errors(conditions: &[v1::RuntimeCondition]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn status_images_largest_first_digests_then_tags() {
+        let image = |id: &str, size: u64, tags: &[&str], digests: &[&str]| v1::Image {
+            id: id.into(),
+            size,
+            repo_tags: tags.iter().map(|t| t.to_string()).collect(),
+            repo_digests: digests.iter().map(|t| t.to_string()).collect(),
+            ..Default::default()
+        };
+        let mut listed = vec![
+            image("small", 10, &["small:1"], &[]),
+            image("big", 1000, &["big:1", "big:latest"], &["big@sha256:a"]),
+            image("dangling", 5000, &[], &[]),
+        ];
+        listed.extend((0..60).map(|_| image("x", 1, &["x:1"], &[])));
+        let images = status_images(listed);
+        assert_eq!(images.len(), MAX_IMAGES);
+        assert_eq!(
+            images[0].names.as_deref(),
+            Some(
+                &[
+                    "big@sha256:a".to_string(),
+                    "big:1".into(),
+                    "big:latest".into()
+                ][..]
+            )
+        );
+        assert_eq!(images[0].size_bytes, Some(1000));
+        assert_eq!(
+            images[1].names.as_deref(),
+            Some(&["small:1".to_string()][..])
+        );
+        let many: Vec<String> = (0..8).map(|i| format!("t:{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let named = status_images(vec![image("m", 1, &many, &[])]);
+        assert_eq!(
+            named[0].names.as_ref().map(Vec::len),
+            Some(MAX_NAMES_PER_IMAGE)
+        );
+    }
     use super::*;
 
     #[test]

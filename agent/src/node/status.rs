@@ -87,6 +87,10 @@ impl Reporter {
         let health = self.probe.probe().await;
         let node = self.facts.node(&self.name, &health.version, health.ready());
         let mut status = node.status.unwrap_or_default();
+        status.images = match self.probe.images().await {
+            Some(images) => Some(images),
+            None => stored.and_then(|s| s.images.clone()),
+        };
         let previous = stored
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
@@ -130,6 +134,7 @@ impl Reporter {
             "nodeInfo": desired.node_info,
             "conditions": desired.conditions,
             "daemonEndpoints": desired.daemon_endpoints,
+            "images": desired.images,
         }});
         let node = call(
             "updating the status of",

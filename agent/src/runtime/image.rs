@@ -1,6 +1,7 @@
 //! Image pulls as the kubelet's `images.imageManager`: a container's image
 //! is pulled (or found present) as its imagePullPolicy says, with the
-//! events upstream records, and failed pulls wait out ImagePullBackOff.
+//! events upstream records, with the credentials of the pod's image pull
+//! secrets, and failed pulls wait out ImagePullBackOff.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -8,6 +9,7 @@ use std::time::Instant;
 use cri_proto::{v1, CriClient};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use super::credentials::{self, Keyring};
 use super::{wait, StartError};
 use crate::backoff::Backoff;
 use crate::events::{Recorder, NORMAL, WARNING};
@@ -18,13 +20,22 @@ use crate::status::WaitReason;
 /// `uid/image/<image>`, so a pod's delays go with it).
 pub struct ImagePuller {
     backoff: Mutex<Backoff>,
+    /// Reads the pods' image pull secrets; None without an API connection.
+    client: Option<kube::Client>,
 }
 
 impl ImagePuller {
     pub fn new(backoff: Backoff) -> ImagePuller {
         ImagePuller {
             backoff: Mutex::new(backoff),
+            client: None,
         }
+    }
+
+    /// Read image pull secrets through `client`.
+    pub fn with_client(mut self, client: Option<kube::Client>) -> ImagePuller {
+        self.client = client;
+        self
     }
 
     fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
@@ -112,20 +123,15 @@ impl ImagePuller {
             &format!("Pulling image \"{image}\""),
         );
         let started = Instant::now();
-        let req = v1::PullImageRequest {
-            image: Some(spec),
-            auth: None,
-            sandbox_config: Some(sandbox.clone()),
-        };
-        match cri.pull_image(req).await {
-            Ok(pulled) => {
+        match self.pull(cri, recorder, pod, spec, sandbox).await {
+            Ok(image_ref) => {
                 let took = started.elapsed();
                 self.backoff().reset(&key);
                 // The kubelet reports the pulled image's size from ImageStatus.
                 let size = cri
                     .image_status(v1::ImageStatusRequest {
                         image: Some(v1::ImageSpec {
-                            image: pulled.image_ref,
+                            image: image_ref,
                             ..Default::default()
                         }),
                         verbose: false,
@@ -144,10 +150,7 @@ impl ImagePuller {
             }
             Err(e) => {
                 let delay = self.backoff().next(&key, Instant::now());
-                let msg = format!(
-                    "Failed to pull image \"{image}\": {}",
-                    super::status_message(&e)
-                );
+                let msg = format!("Failed to pull image \"{image}\": {e}");
                 recorder.event(pod, WARNING, "Failed", &msg);
                 Err(StartError::Wait(
                     WaitReason {
@@ -158,5 +161,78 @@ impl ImagePuller {
                 ))
             }
         }
+    }
+
+    /// PullImage as the kubelet's `PullImage`: without credentials when
+    /// none of the pod's pull secrets matches the image, else with each
+    /// matching one in turn until one works. The secrets are read for this
+    /// pull only; a secret that cannot be read is skipped with upstream's
+    /// warning event.
+    ///
+    /// # Errors
+    /// The runtime's message (several: upstream's aggregate `[a, b]`), or
+    /// a pull secret that does not decode.
+    async fn pull(
+        &self,
+        cri: &CriClient,
+        recorder: &dyn Recorder,
+        pod: &Pod,
+        spec: v1::ImageSpec,
+        sandbox: &v1::PodSandboxConfig,
+    ) -> Result<String, String> {
+        let creds = match &self.client {
+            Some(client) => {
+                let (secrets, failed) = credentials::pull_secrets(client, pod).await;
+                if !failed.is_empty() {
+                    let msg = format!(
+                        "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                        failed.join(", ")
+                    );
+                    recorder.event(pod, WARNING, "FailedToRetrieveImagePullSecret", &msg);
+                }
+                let ring = Keyring::from_secrets(&secrets).map_err(|e| e.to_string())?;
+                ring.lookup(&credentials::repo_to_pull(&spec.image))
+            }
+            None => Vec::new(),
+        };
+        let auths: Vec<Option<v1::AuthConfig>> = if creds.is_empty() {
+            vec![None]
+        } else {
+            creds.iter().map(|c| Some(c.to_cri())).collect()
+        };
+        let mut errors = Vec::new();
+        for auth in auths {
+            let req = v1::PullImageRequest {
+                image: Some(spec.clone()),
+                auth,
+                sandbox_config: Some(sandbox.clone()),
+            };
+            match cri.pull_image(req).await {
+                Ok(pulled) => return Ok(pulled.image_ref),
+                Err(e) => errors.push(super::status_message(&e)),
+            }
+        }
+        Err(aggregate(errors))
+    }
+}
+
+/// Several failures in one message, as upstream's `errors.NewAggregate`
+/// prints them: one alone as is, more as `[a, b]`.
+fn aggregate(mut errors: Vec<String>) -> String {
+    match errors.len() {
+        1 => errors.remove(0),
+        _ => format!("[{}]", errors.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn aggregate_reads_as_upstream() {
+        assert_eq!(super::aggregate(vec!["a: 401".into()]), "a: 401");
+        assert_eq!(
+            super::aggregate(vec!["a: 401".into(), "b: 403".into()]),
+            "[a: 401, b: 403]"
+        );
     }
 }

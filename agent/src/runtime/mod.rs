@@ -4,6 +4,7 @@
 
 pub mod admit;
 pub mod container;
+pub mod credentials;
 pub mod downward;
 pub mod image;
 pub mod labels;

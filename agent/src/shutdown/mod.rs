@@ -170,6 +170,10 @@ pub struct ReportShutdown {
 }
 
 impl crate::node::RuntimeProbe for ReportShutdown {
+    fn images(&self) -> BoxFuture<'_, Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>> {
+        self.inner.images()
+    }
+
     fn probe(&self) -> BoxFuture<'_, crate::node::RuntimeHealth> {
         Box::pin(async move {
             let mut h = self.inner.probe().await;

@@ -33,6 +33,7 @@ pub mod pods;
 pub mod reconciler;
 pub mod replicaset;
 pub mod replicationcontroller;
+pub mod resourcequota;
 pub mod rootcacert;
 pub mod served;
 pub mod serviceaccount;
@@ -58,6 +59,7 @@ pub const ALL: &[&str] = &[
     "job",
     "cronjob",
     "disruption",
+    "resourcequota",
     "nodelifecycle",
     "garbagecollector",
     "namespace",
@@ -195,6 +197,7 @@ pub async fn run(client: kube::Client, config: Config, shutdown: impl Future<Out
                     "job" => job::run(ctx.clone()).await,
                     "cronjob" => cronjob::run(ctx.clone()).await,
                     "disruption" => disruption::run(ctx.clone()).await,
+                    "resourcequota" => resourcequota::run(ctx.clone()).await,
                     "nodelifecycle" => nodelifecycle::run(ctx.clone()).await,
                     "garbagecollector" => gc::run(ctx.clone()).await,
                     "namespace" => namespace::run(ctx.clone()).await,

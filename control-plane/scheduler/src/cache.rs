@@ -6,7 +6,7 @@
 //!
 //! Owned by the scheduling loop alone: no locks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -52,9 +52,21 @@ pub struct Cache {
     /// those terms (upstream's `PodsWithRequiredAntiAffinity`), whose
     /// rules every incoming pod is checked against.
     anti_groups: HashMap<String, AntiGroup>,
+    /// UIDs of the counted pods with affinity terms that score incoming
+    /// pods (required affinity, preferred affinity or anti-affinity):
+    /// few, and otherwise found only by a pass over every pod.
+    with_affinity: HashSet<String>,
 }
 
 type GroupKey = (String, BTreeMap<String, String>);
+
+/// A pod taken out of the counts by [`Cache::lift`].
+#[derive(Debug)]
+pub struct Lifted {
+    pub info: Arc<PodInfo>,
+    node: String,
+    state: PodState,
+}
 
 /// Pods sharing a namespace and labels.
 #[derive(Debug)]
@@ -136,6 +148,11 @@ impl Cache {
         }
     }
 
+    /// The labels of a pod this cache counts, if it does.
+    pub fn pod_labels(&self, uid: &str) -> Option<Option<&BTreeMap<String, String>>> {
+        self.pods.get(uid).map(|e| e.info.labels())
+    }
+
     /// The state of a pod this cache counts, if it does.
     pub fn pod_state(&self, uid: &str) -> Option<PodState> {
         self.pods.get(uid).map(|e| e.state)
@@ -160,6 +177,9 @@ impl Cache {
                 .or_default() += 1;
         }
         self.group(&pod, node, 1);
+        if scores_others(&pod) {
+            self.with_affinity.insert(pod.uid.clone());
+        }
         self.pods.insert(
             pod.uid.clone(),
             PodEntry {
@@ -175,6 +195,7 @@ impl Cache {
     pub fn remove_pod(&mut self, uid: &str) -> Option<Arc<PodInfo>> {
         let e = self.pods.remove(uid)?;
         self.group(&e.info, &e.node, -1);
+        self.with_affinity.remove(uid);
         for c in &e.info.claims {
             let key = claim_key(&e.info.namespace, &c.claim);
             if let Some(n) = self.claim_users.get_mut(&key) {
@@ -265,6 +286,33 @@ impl Cache {
         }
     }
 
+    /// Every counted pod with its node.
+    pub fn pods(&self) -> impl Iterator<Item = (&Arc<PodInfo>, &str)> {
+        self.pods.values().map(|e| (&e.info, e.node.as_str()))
+    }
+
+    /// The counted pods whose affinity terms score incoming pods, with
+    /// their nodes.
+    pub fn pods_with_affinity(&self) -> impl Iterator<Item = (&Arc<PodInfo>, &str)> {
+        self.with_affinity
+            .iter()
+            .filter_map(|uid| self.pods.get(uid))
+            .map(|e| (&e.info, e.node.as_str()))
+    }
+
+    /// Stop counting a pod for a what-if (preemption's dry run); give
+    /// the result to [`Cache::restore`] to count it again as it was.
+    pub fn lift(&mut self, uid: &str) -> Option<Lifted> {
+        let (node, state) = self.pods.get(uid).map(|e| (e.node.clone(), e.state))?;
+        let info = self.remove_pod(uid)?;
+        Some(Lifted { info, node, state })
+    }
+
+    /// Count a lifted pod again.
+    pub fn restore(&mut self, lifted: Lifted) {
+        self.place(lifted.info, &lifted.node, lifted.state);
+    }
+
     /// UIDs of every counted pod (for reconciling after a re-list).
     pub fn pod_uids(&self) -> Vec<String> {
         self.pods.keys().cloned().collect()
@@ -275,6 +323,12 @@ impl Cache {
     pub fn claim_in_use(&self, namespace: &str, name: &str) -> bool {
         !self.claim_users.is_empty() && self.claim_users.contains_key(&claim_key(namespace, name))
     }
+}
+
+/// Whether `pod`'s terms score other pods (InterPodAffinity's
+/// existing-pod side).
+fn scores_others(pod: &PodInfo) -> bool {
+    pod.preferred.is_some() || pod.terms.as_deref().is_some_and(|t| !t.affinity.is_empty())
 }
 
 fn claim_key(namespace: &str, name: &str) -> String {

@@ -1,5 +1,5 @@
-//! What the scheduler tells users: `Scheduled` and `FailedScheduling`
-//! events (through `kube_util`'s recorder, shared with the controllers:
+//! What the scheduler tells users: `Scheduled`, `FailedScheduling` and
+//! `Preempted` events (through `kube_util`'s recorder, shared with the controllers:
 //! one event per distinct message, repeats folded into a series) and the
 //! pod's `PodScheduled=False` condition with reason `Unschedulable`.
 //!
@@ -43,6 +43,12 @@ pub enum Notice {
         pod: ObjectReference,
         message: String,
         condition: Option<Time>,
+    },
+    /// The pod was chosen as a victim of `by`'s preemption on `node`.
+    Preempted {
+        pod: ObjectReference,
+        by: String,
+        node: String,
     },
 }
 
@@ -111,6 +117,15 @@ impl Notifier {
                     reason: "FailedScheduling".into(),
                     note: message,
                     action: "Scheduling".into(),
+                };
+                self.recorder.record(pod, ev);
+            }
+            Notice::Preempted { pod, by, node } => {
+                let ev = Event {
+                    type_: EventType::Normal,
+                    reason: "Preempted".into(),
+                    note: format!("Preempted by pod {by} on node {node}"),
+                    action: "Preempting".into(),
                 };
                 self.recorder.record(pod, ev);
             }

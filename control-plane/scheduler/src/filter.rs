@@ -333,6 +333,13 @@ pub fn fit_error<'a>(
             *counts.entry(r.to_string()).or_default() += 1
         });
     }
+    unavailable(total, &counts)
+}
+
+/// "0/N nodes are available: " and the histogram of `counts` (reason
+/// to nodes) as "COUNT REASON" strings sorted as strings (upstream
+/// `FitError.Error`).
+pub fn unavailable(total: usize, counts: &BTreeMap<String, usize>) -> String {
     if total == 0 {
         return "no nodes available to schedule pods".to_string();
     }

@@ -1,6 +1,6 @@
-//! The node, pod, claim, volume and storage class informers
-//! (`kube_util`'s, the same machinery as the controllers'), each
-//! subscription forwarded by its own task into one channel to the
+//! The node, pod, claim, volume, storage class and PodDisruptionBudget
+//! informers (`kube_util`'s, the same machinery as the controllers'),
+//! each subscription forwarded by its own task into one channel to the
 //! scheduling loop. Working out a pod's scheduling facts
 //! happens in these tasks, off the loop.
 //!
@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -37,6 +38,8 @@ pub enum Update {
     Claim(Change<PersistentVolumeClaim>),
     Volume(Change<PersistentVolume>),
     Class(Change<StorageClass>),
+    /// PodDisruptionBudgets, for preemption ([`crate::budgets`]).
+    Budget(Change<PodDisruptionBudget>),
 }
 
 /// Updates waiting for the loop; past this the forwarding tasks wait
@@ -67,13 +70,18 @@ pub fn start(client: &kube::Client) -> (mpsc::Receiver<Update>, Vec<JoinHandle<(
     let claims = tokio::spawn(forward(claims.subscribe(), tx.clone(), Update::Claim));
     let volumes = tokio::spawn(forward(volumes.subscribe(), tx.clone(), Update::Volume));
     let classes = tokio::spawn(forward(classes.subscribe(), tx.clone(), Update::Class));
+    let budgets = Informer::<PodDisruptionBudget>::start(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let budgets = tokio::spawn(forward(budgets.subscribe(), tx.clone(), Update::Budget));
     let pods = tokio::spawn(forward(pods.subscribe(), tx, |c| match c {
         Change::Relisting => Update::PodsRelisting,
         Change::Applied(p) => Update::Pod(Arc::new(PodInfo::new(Arc::unwrap_or_clone(p)))),
         Change::Deleted(p) => Update::PodDeleted(Arc::new(PodInfo::new(Arc::unwrap_or_clone(p)))),
         Change::Listed => Update::PodsListed,
     }));
-    (rx, vec![nodes, pods, claims, volumes, classes])
+    (rx, vec![nodes, pods, claims, volumes, classes, budgets])
 }
 
 async fn forward<K: Object>(

@@ -76,7 +76,7 @@ impl Term {
                 .is_some_and(|s| selector::matches(s, labels))
     }
 
-    fn matches_pod(&self, pod: &PodInfo) -> bool {
+    pub(crate) fn matches_pod(&self, pod: &PodInfo) -> bool {
         self.matches(&pod.namespace, pod.labels())
     }
 }
@@ -146,6 +146,45 @@ impl Terms {
             terms.anti_key = format!("{:?}", terms.anti_affinity);
         }
         (!terms.affinity.is_empty() || !terms.anti_affinity.is_empty()).then(|| Box::new(terms))
+    }
+}
+
+/// A pod's preferred (weighted) pod affinity and anti-affinity terms,
+/// which only the InterPodAffinity score reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Preferred {
+    pub affinity: Vec<(i64, Term)>,
+    pub anti_affinity: Vec<(i64, Term)>,
+}
+
+impl Preferred {
+    /// The pod's preferred terms; `None` when it has none (most pods).
+    pub fn of(pod: &Pod) -> Option<Box<Preferred>> {
+        let affinity = pod.spec.as_ref()?.affinity.as_ref()?;
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let labels = pod.metadata.labels.as_ref();
+        let resolve = |terms: Option<&Vec<k8s_openapi::api::core::v1::WeightedPodAffinityTerm>>| {
+            terms
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    let term = Term::new(&t.pod_affinity_term, namespace, labels);
+                    (i64::from(t.weight), term)
+                })
+                .collect::<Vec<_>>()
+        };
+        let preferred = Preferred {
+            affinity: resolve(affinity.pod_affinity.as_ref().and_then(|a| {
+                a.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })),
+            anti_affinity: resolve(affinity.pod_anti_affinity.as_ref().and_then(|a| {
+                a.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })),
+        };
+        (!preferred.affinity.is_empty() || !preferred.anti_affinity.is_empty())
+            .then(|| Box::new(preferred))
     }
 }
 

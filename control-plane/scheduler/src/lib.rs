@@ -10,6 +10,9 @@
 //! - [`interpod`], [`spread`]: required pod (anti-)affinity and topology
 //!   spread constraints, counted once per attempt for the filters.
 //! - [`queue`]: pending pods, back-off and unschedulable parking.
+//! - [`preempt`]: which lower-priority pods to remove when no node fits,
+//!   with the PodDisruptionBudgets of [`budgets`]; [`victims`]: the
+//!   writes that remove them.
 //! - [`volumes`]: claims, volumes and classes; the volume checks and
 //!   the volume decisions made with the node.
 //! - [`volumebind`]: the volume writes made before binding.
@@ -27,6 +30,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod bind;
+pub mod budgets;
 pub mod cache;
 pub mod events;
 pub mod filter;
@@ -34,19 +38,23 @@ mod informer;
 pub mod interpod;
 pub mod nodeinfo;
 pub mod podinfo;
+pub mod preempt;
+pub mod profile;
 pub mod queue;
 mod scheduler;
 pub mod score;
 pub mod spread;
+pub mod victims;
 pub mod volumebind;
 pub mod volumes;
 
 /// Scheduler settings.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Pods whose `spec.schedulerName` is this are ours; also the
-    /// reporting controller of our events.
-    pub scheduler_name: String,
+    /// The profiles: pods whose `spec.schedulerName` is one of theirs
+    /// are ours, scored as that profile says; each name is also the
+    /// reporting controller of its pods' events.
+    pub profiles: Vec<profile::Profile>,
     /// Bindings (one POST each) in flight at once. Decisions stay
     /// sequential; this only overlaps the round trips.
     pub max_binds_in_flight: usize,
@@ -64,7 +72,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            scheduler_name: "default-scheduler".into(),
+            profiles: vec![profile::Profile::default_scheduler()],
             max_binds_in_flight: 32,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(10),
@@ -73,12 +81,29 @@ impl Default for Config {
     }
 }
 
+impl Config {
+    /// The defaults with what a `KubeSchedulerConfiguration` file at
+    /// `path` sets (kube-scheduler's `--config`).
+    ///
+    /// # Errors
+    /// The file cannot be read, decoded, or sets what is not supported.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, profile::Error> {
+        let file = profile::load(path)?;
+        Ok(Config {
+            profiles: file.profiles,
+            initial_backoff: file.initial_backoff,
+            max_backoff: file.max_backoff,
+            ..Config::default()
+        })
+    }
+}
+
 /// Schedule pods until `shutdown` resolves.
 ///
 /// Watches nodes, pods, claims, volumes and storage classes with
 /// `client` (which should act as `system:kube-scheduler`, with the
 /// volume scheduler's rights), binds every pending pod whose
-/// `spec.schedulerName` is `config.scheduler_name` to a node that fits,
+/// `spec.schedulerName` names one of `config.profiles` to a node that fits,
 /// and records `Scheduled` / `FailedScheduling` events.
 ///
 /// # Guarantees

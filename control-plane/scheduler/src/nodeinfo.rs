@@ -52,8 +52,12 @@ pub struct NodeInfo {
     pub pod_count: i64,
     /// Host ports in use, one entry per pod port.
     pub host_ports: Vec<HostPort>,
-    /// Pods here per controlling owner UID (spreading).
+    /// Pods here per controlling owner UID (spreading), leaving out
+    /// terminating ones as upstream's spreading does.
     owners: HashMap<String, u32>,
+    /// Image name -> size in bytes, from `status.images` (ImageLocality;
+    /// empty while the node reports none).
+    pub images: HashMap<String, i64>,
 }
 
 impl NodeInfo {
@@ -72,6 +76,7 @@ impl NodeInfo {
             pod_count: 0,
             host_ports: Vec::new(),
             owners: HashMap::new(),
+            images: HashMap::new(),
         }
     }
 
@@ -103,6 +108,15 @@ impl NodeInfo {
         self.unschedulable = unschedulable;
         self.allocatable = allocatable;
         self.allowed_pods = allowed_pods;
+        self.images = node
+            .status
+            .iter()
+            .flat_map(|s| s.images.iter().flatten())
+            .flat_map(|i| {
+                let size = i.size_bytes.unwrap_or(0);
+                i.names.iter().flatten().map(move |n| (n.clone(), size))
+            })
+            .collect();
         self.node = Some(node);
         changed
     }
@@ -140,7 +154,7 @@ impl NodeInfo {
         self.non_zero_memory += pod.non_zero_memory;
         self.pod_count += 1;
         self.host_ports.extend(pod.host_ports.iter().cloned());
-        if let Some(o) = &pod.owner {
+        if let Some(o) = pod.owner.as_ref().filter(|_| !pod.terminating) {
             *self.owners.entry(o.clone()).or_default() += 1;
         }
     }
@@ -155,7 +169,7 @@ impl NodeInfo {
                 self.host_ports.swap_remove(i);
             }
         }
-        if let Some(o) = &pod.owner {
+        if let Some(o) = pod.owner.as_ref().filter(|_| !pod.terminating) {
             if let Some(n) = self.owners.get_mut(o) {
                 *n -= 1;
                 if *n == 0 {

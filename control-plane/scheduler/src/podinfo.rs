@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube_util::resources::{self, Resources};
 use kube_util::storage::{self, PodClaim};
 
-use crate::interpod::Terms;
+use crate::interpod::{Preferred, Terms};
 use crate::spread::{self, Constraint};
 
 /// A host port a container asks for. Two pods conflict on a node when
@@ -59,6 +59,17 @@ pub struct PodInfo {
     pub terms: Option<Box<Terms>>,
     /// DoNotSchedule topology spread constraints (usually none).
     pub spread: Vec<Constraint>,
+    /// Preferred pod affinity and anti-affinity terms (scoring; `None`
+    /// for most pods).
+    pub preferred: Option<Box<Preferred>>,
+    /// ScheduleAnyway topology spread constraints (scoring).
+    pub soft_spread: Vec<Constraint>,
+    /// Whether the spec has topology spread constraints of either kind:
+    /// only a pod without any gets the default ones.
+    pub has_spread_constraints: bool,
+    /// The images of its init and app containers, one per container,
+    /// with the `:latest` a bare name means (ImageLocality).
+    pub images: Vec<String>,
     /// Has a deletionTimestamp (spreading does not count it).
     pub terminating: bool,
 }
@@ -90,10 +101,28 @@ impl PodInfo {
         let claims = storage::pod_claims(&pod);
         let terms = Terms::of(&pod);
         let spread = spread::constraints(&pod);
+        let preferred = Preferred::of(&pod);
+        let soft_spread = spread::soft_constraints(&pod);
+        let has_spread_constraints = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.topology_spread_constraints.as_ref())
+            .is_some_and(|c| !c.is_empty());
+        let images = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .filter_map(|c| c.image.as_deref())
+            .map(normalized_image)
+            .collect();
         let terminating = is_terminating(&pod);
         PodInfo {
             terms,
             spread,
+            preferred,
+            soft_spread,
+            has_spread_constraints,
+            images,
             terminating,
             claims,
             pod,
@@ -157,6 +186,18 @@ fn host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<HostPort> {
             })
         })
         .collect()
+}
+
+/// An image name as node status lists it: a name without a tag means
+/// `:latest` (upstream ImageLocality's `normalizedImageName`).
+pub fn normalized_image(name: &str) -> String {
+    let colon = name.rfind(':');
+    let slash = name.rfind('/');
+    if colon.is_none_or(|c| slash.is_some_and(|s| c <= s)) {
+        format!("{name}:latest")
+    } else {
+        name.to_string()
+    }
 }
 
 /// The node a pod is bound to, if any.

@@ -7,7 +7,7 @@
 //! are a POST each (after the volume writes, for a pod whose claims
 //! needed deciding on), run concurrently (at most `max_binds_in_flight`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,14 +19,17 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::budgets::Budgets;
 use crate::cache::Cache;
 use crate::events::{self, Notice, Notifier};
 use crate::informer::{self, Update};
 use crate::nodeinfo::NodeInfo;
 use crate::podinfo::{self, PodInfo};
+use crate::profile::Profile;
 use crate::queue::{Backoff, Queue};
+use crate::victims::Preemption;
 use crate::volumes::{Plan, PodVolumes, Volumes};
-use crate::{bind, filter, score, volumebind, Config};
+use crate::{bind, filter, preempt, score, victims, volumebind, Config};
 
 /// Decisions made per turn of the loop before it looks at updates again.
 const BATCH: usize = 64;
@@ -64,9 +67,19 @@ struct Scheduler {
     /// Claims, volumes and classes, with the volume decisions assumed.
     volumes: Volumes,
     queue: Queue,
+    /// PodDisruptionBudgets, for preemption.
+    budgets: Budgets,
+    /// Pending pods nominated to a node by their preemption, by UID:
+    /// the room their victims free is held for them against pods of
+    /// lower priority (upstream's nominator).
+    nominated: HashMap<String, (String, Arc<PodInfo>)>,
     rng: SmallRng,
     binds: JoinSet<Bound>,
-    notifier: Notifier,
+    /// The profiles by scheduler name, with their event writers.
+    profiles: HashMap<String, (Profile, Notifier)>,
+    /// Where the next search for feasible nodes starts, when it stops
+    /// before the last node (upstream's `nextStartNodeIndex`).
+    next_start: usize,
     nodes_synced: bool,
     pods_synced: bool,
     /// Names seen since a node re-list started.
@@ -76,14 +89,25 @@ struct Scheduler {
 }
 
 pub(crate) async fn run(client: kube::Client, config: Config, shutdown: impl Future<Output = ()>) {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (notifier, writer) = events::channel(client.clone(), &config.scheduler_name, async {
-        let _ = stop_rx.await;
-    });
-    let writer = tokio::spawn(writer);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut notifiers = HashMap::new();
+    let mut writers = JoinSet::new();
+    for p in &config.profiles {
+        let mut stop = stop_rx.clone();
+        let (notifier, writer) = events::channel(client.clone(), &p.scheduler_name, async move {
+            let _ = stop.wait_for(|s| *s).await;
+        });
+        writers.spawn(writer);
+        notifiers.insert(p.scheduler_name.clone(), notifier);
+    }
     let (updates, watches) = informer::start(&client);
-    info!(scheduler = %config.scheduler_name, "scheduler started");
-    let mut s = Scheduler::new(client, config, notifier);
+    let names: Vec<&str> = config
+        .profiles
+        .iter()
+        .map(|p| p.scheduler_name.as_str())
+        .collect();
+    info!(profiles = ?names, "scheduler started");
+    let mut s = Scheduler::new(client, config, notifiers);
     s.run(updates, shutdown).await;
     for w in &watches {
         w.abort();
@@ -99,31 +123,44 @@ pub(crate) async fn run(client: kube::Client, config: Config, shutdown: impl Fut
     };
     let _ = tokio::time::timeout(DRAIN, drain).await;
     drop(s);
-    if tokio::time::timeout(DRAIN, async { writer.await.ok() })
-        .await
-        .is_err()
-    {
-        let _ = stop_tx.send(());
+    let flushed = async { while writers.join_next().await.is_some() {} };
+    if tokio::time::timeout(DRAIN, flushed).await.is_err() {
+        let _ = stop_tx.send(true);
     }
     info!("scheduler stopped");
 }
 
 impl Scheduler {
-    fn new(client: kube::Client, config: Config, notifier: Notifier) -> Scheduler {
+    fn new(
+        client: kube::Client,
+        config: Config,
+        mut notifiers: HashMap<String, Notifier>,
+    ) -> Scheduler {
         let backoff = Backoff {
             initial: config.initial_backoff,
             max: config.max_backoff,
             unschedulable_timeout: config.unschedulable_timeout,
         };
+        let profiles = config
+            .profiles
+            .iter()
+            .filter_map(|p| {
+                let n = notifiers.remove(&p.scheduler_name)?;
+                Some((p.scheduler_name.clone(), (p.clone(), n)))
+            })
+            .collect();
         Scheduler {
             client,
+            profiles,
+            next_start: 0,
             queue: Queue::new(backoff),
             config,
             cache: Cache::default(),
             volumes: Volumes::default(),
+            budgets: Budgets::default(),
+            nominated: HashMap::new(),
             rng: SmallRng::from_os_rng(),
             binds: JoinSet::new(),
-            notifier,
             nodes_synced: false,
             pods_synced: false,
             node_relist: None,
@@ -239,6 +276,7 @@ impl Scheduler {
                     self.queue.move_unschedulable_if(now, has_claims);
                 }
             }
+            Update::Budget(c) => self.budgets.apply(c),
         }
     }
 
@@ -251,9 +289,15 @@ impl Scheduler {
         if let Some(node) = podinfo::node_name(&pod.pod) {
             let node = node.to_string();
             self.queue.remove(&pod.uid);
-            let new = self.cache.pod_state(&pod.uid).is_none();
+            self.nominated.remove(&pod.uid);
+            // New here, or relabelled: what it now matches may be what a
+            // waiting pod's affinity or spreading looks for.
+            let changed = self
+                .cache
+                .pod_labels(&pod.uid)
+                .is_none_or(|labels| labels != pod.labels());
             self.cache.set_bound(pod, &node);
-            if new {
+            if changed {
                 self.pod_placed(now);
             }
             return;
@@ -263,16 +307,33 @@ impl Scheduler {
             // still on its way through the watch.
             return;
         }
-        let ours = pod
-            .spec()
-            .and_then(|s| s.scheduler_name.as_deref())
-            .unwrap_or("default-scheduler")
-            == self.config.scheduler_name;
+        let ours = self.profiles.contains_key(scheduler_name(&pod));
         // Gated pods wait until whoever added the gates removes them
         // (upstream SchedulingGates); the update that does brings them back.
         if !ours || podinfo::is_terminating(&pod.pod) || podinfo::is_gated(&pod.pod) {
             self.queue.remove(&pod.uid);
+            self.nominated.remove(&pod.uid);
             return;
+        }
+        // A nomination written before a restart still holds the room.
+        let nominated = pod
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .filter(|n| !n.is_empty());
+        match nominated {
+            Some(node) => {
+                self.nominated
+                    .insert(pod.uid.clone(), (node.to_string(), pod.clone()));
+            }
+            // Ours may still be on its way through the watch: kept, with
+            // the newer pod.
+            None => {
+                if let Some((_, p)) = self.nominated.get_mut(&pod.uid) {
+                    *p = pod.clone();
+                }
+            }
         }
         self.queue.add_or_update(pod, now);
     }
@@ -289,6 +350,7 @@ impl Scheduler {
     /// A pod was deleted or finished.
     fn pod_gone(&mut self, uid: &str, now: Instant) {
         self.queue.remove(uid);
+        self.nominated.remove(uid);
         if self.cache.remove_pod(uid).is_some() {
             self.queue.move_unschedulable(now);
         }
@@ -325,19 +387,62 @@ impl Scheduler {
             }
         };
         let topology = filter::Topology::prefilter(&pod, &self.cache);
-        let chosen = {
-            let feasible: Vec<&NodeInfo> = self
-                .cache
-                .nodes()
-                .filter(|n| filter::fits(&pod, volumes.as_ref(), &topology, n))
-                .collect();
-            score::select(&pod, &feasible, &mut self.rng).map(|n| n.name.clone())
+        let nominated = self.nominated.get(&pod.uid).map(|(n, _)| n.clone());
+        // Where it preempted, if it still fits there (upstream's
+        // evaluateNominatedNode); else the best of all nodes.
+        let on_nominated = nominated
+            .as_deref()
+            .and_then(|n| self.cache.node(n))
+            .filter(|n| n.node.is_some() && self.fits(&pod, volumes.as_ref(), &topology, n))
+            .map(|n| n.name.clone());
+        let chosen = match on_nominated {
+            Some(n) => Some(n),
+            None => {
+                let Some((profile, _)) = self.profiles.get(scheduler_name(&pod)) else {
+                    return;
+                };
+                let all = self.cache.node_count();
+                let wanted = nodes_to_find(profile.percentage_of_nodes_to_score, all);
+                // A search that may stop early starts where the last one
+                // stopped, so that every node gets its turn.
+                let start = if wanted < all {
+                    self.next_start % all
+                } else {
+                    0
+                };
+                let mut processed = 0;
+                let mut feasible: Vec<&NodeInfo> = Vec::new();
+                let rotated = self
+                    .cache
+                    .nodes()
+                    .skip(start)
+                    .chain(self.cache.nodes().take(start));
+                for n in rotated {
+                    processed += 1;
+                    if self.fits(&pod, volumes.as_ref(), &topology, n) {
+                        feasible.push(n);
+                        if feasible.len() >= wanted {
+                            break;
+                        }
+                    }
+                }
+                self.next_start = (start + processed) % all.max(1);
+                let prescored =
+                    score::State::prescore(&pod, &self.cache, &feasible, &profile.scoring);
+                score::select(&pod, &feasible, &prescored, &profile.scoring, &mut self.rng)
+                    .map(|n| n.name.clone())
+            }
         };
         let Some(node) = chosen else {
             let message = filter::fit_error(&pod, volumes.as_ref(), &topology, self.cache.nodes());
+            let message = match self.preempt(&pod, volumes.as_ref(), nominated.as_deref()) {
+                Some(why) => format!("{message} preemption: {why}."),
+                None => message,
+            };
             self.unschedulable(&pod, message, now);
             return;
         };
+        self.nominated.remove(&pod.uid);
         // Upstream's Reserve: the volume decisions for the chosen node go
         // into the cache now, so that the next pod does not pick the
         // same PV.
@@ -372,6 +477,91 @@ impl Scheduler {
         });
     }
 
+    /// Whether `pod` fits `node` with the pods nominated there that are at
+    /// least as important (upstream's `addNominatedPods`: room freed by a
+    /// preemption is not taken by pods of lower priority). The nominated
+    /// pods count for resources and ports; spreading and affinity count
+    /// the pods bound.
+    fn fits(
+        &self,
+        pod: &PodInfo,
+        volumes: Option<&PodVolumes>,
+        topology: &filter::Topology,
+        node: &NodeInfo,
+    ) -> bool {
+        let held = || {
+            self.nominated.iter().filter(|(uid, (n, p))| {
+                *n == node.name && **uid != pod.uid && p.priority >= pod.priority
+            })
+        };
+        if self.nominated.is_empty() || held().next().is_none() {
+            return filter::fits(pod, volumes, topology, node);
+        }
+        let mut with = node.clone();
+        for (_, (_, p)) in held() {
+            with.add_pod(p);
+        }
+        filter::fits(pod, volumes, topology, &with)
+    }
+
+    /// No node fits `pod`: preempt lower-priority pods if that helps
+    /// (upstream's PostFilter). Returns why it did not, for the
+    /// FailedScheduling message after "preemption: ".
+    fn preempt(
+        &mut self,
+        pod: &Arc<PodInfo>,
+        volumes: Option<&PodVolumes>,
+        nominated: Option<&str>,
+    ) -> Option<String> {
+        if let Some(why) = preempt::ineligible(pod, nominated, &self.cache) {
+            return Some(why.to_string());
+        }
+        let candidate = match preempt::find(pod, volumes, &mut self.cache, &self.budgets) {
+            Ok(c) => c,
+            Err(why) => {
+                self.nominated.remove(&pod.uid);
+                return Some(why);
+            }
+        };
+        info!(pod = %format!("{}/{}", pod.namespace, pod.name), node = %candidate.node,
+            victims = candidate.victims.len(), "preempting");
+        for v in &candidate.victims {
+            self.notify(
+                pod,
+                Notice::Preempted {
+                    pod: events::reference(v),
+                    by: pod.uid.clone(),
+                    node: candidate.node.clone(),
+                },
+            );
+        }
+        let denominated: Vec<Arc<PodInfo>> = self
+            .nominated
+            .values()
+            .filter(|(n, p)| *n == candidate.node && p.priority < pod.priority)
+            .map(|(_, p)| p.clone())
+            .collect();
+        for p in &denominated {
+            self.nominated.remove(&p.uid);
+        }
+        self.nominated
+            .insert(pod.uid.clone(), (candidate.node.clone(), pod.clone()));
+        let preemption = Preemption {
+            node: candidate.node,
+            victims: candidate.victims,
+            denominated,
+        };
+        let (client, scheduler, preemptor) = (
+            self.client.clone(),
+            scheduler_name(pod).to_string(),
+            pod.clone(),
+        );
+        tokio::spawn(async move {
+            victims::write(&client, &scheduler, &preemptor, &preemption).await;
+        });
+        None
+    }
+
     /// What the volume checks found for the whole pod: `Ok(None)` for a
     /// pod without claims (nothing to check), `Err(None)` while the
     /// storage caches are not listed, `Err(Some(message))` when no node
@@ -393,11 +583,19 @@ impl Scheduler {
     fn unschedulable(&mut self, pod: &PodInfo, message: String, now: Instant) {
         debug!(pod = %format!("{}/{}", pod.namespace, pod.name), %message, "pod is unschedulable");
         self.queue.unschedulable(&pod.uid, now);
-        self.notifier.send(Notice::FailedScheduling {
+        let notice = Notice::FailedScheduling {
             pod: events::reference(pod),
             condition: condition_update(pod, &message),
             message,
-        });
+        };
+        self.notify(pod, notice);
+    }
+
+    /// Tell about `pod` through its profile's recorder.
+    fn notify(&self, pod: &PodInfo, notice: Notice) {
+        if let Some((_, notifier)) = self.profiles.get(scheduler_name(pod)) {
+            notifier.send(notice);
+        }
     }
 
     /// A binding finished.
@@ -405,10 +603,13 @@ impl Scheduler {
         match b.result {
             Ok(()) => {
                 debug!(pod = %format!("{}/{}", b.pod.namespace, b.pod.name), node = %b.node, "bound");
-                self.notifier.send(Notice::Scheduled {
-                    pod: events::reference(&b.pod),
-                    node: b.node,
-                });
+                self.notify(
+                    &b.pod,
+                    Notice::Scheduled {
+                        pod: events::reference(&b.pod),
+                        node: b.node,
+                    },
+                );
             }
             Err(e) => {
                 let now = Instant::now();
@@ -429,11 +630,14 @@ impl Scheduler {
                         // on what it is now.
                         let message = e.to_string();
                         warn!(error = %message, "volume binding failed; retrying the pod after back-off");
-                        self.notifier.send(Notice::FailedScheduling {
-                            pod: events::reference(&pod),
-                            message,
-                            condition: None,
-                        });
+                        self.notify(
+                            &pod,
+                            Notice::FailedScheduling {
+                                pod: events::reference(&pod),
+                                message,
+                                condition: None,
+                            },
+                        );
                         self.queue.requeue_failed(pod, b.attempts, now);
                     } else if matches!(&e, Failure::Bind(e) if e.is_final()) {
                         debug!(error = %e, "binding refused; the watch will tell what became of the pod");
@@ -445,6 +649,29 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// The profile a pod asks for.
+fn scheduler_name(pod: &PodInfo) -> &str {
+    pod.spec()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or("default-scheduler")
+}
+
+/// How many feasible nodes to find before scoring (upstream's
+/// `numFeasibleNodesToFind`): every node in clusters under 100 nodes;
+/// else `percentage` of them (0: 50% less 1% per 125 nodes, at least
+/// 5%), but never fewer than 100.
+fn nodes_to_find(percentage: u32, all: usize) -> usize {
+    const MIN_NODES: usize = 100;
+    if all < MIN_NODES || percentage >= 100 {
+        return all;
+    }
+    let percentage = match percentage {
+        0 => 50usize.saturating_sub(all / 125).max(5),
+        p => p as usize,
+    };
+    (all * percentage / 100).max(MIN_NODES)
 }
 
 fn has_claims(pod: &PodInfo) -> bool {
@@ -493,7 +720,8 @@ mod tests {
         let cfg = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
         let client = kube::Client::try_from(cfg).unwrap();
         let (notifier, _writer) = events::channel(client.clone(), "default-scheduler", async {});
-        Scheduler::new(client, Config::default(), notifier)
+        let notifiers = HashMap::from([("default-scheduler".to_string(), notifier)]);
+        Scheduler::new(client, Config::default(), notifiers)
     }
 
     fn node(name: &str) -> Update {
@@ -546,6 +774,70 @@ mod tests {
         // The gates removed: now it is ours to schedule.
         s.update(with(json!({"spec": {"schedulingGates": []}})));
         assert!(s.queue.contains("p"));
+    }
+
+    #[tokio::test]
+    async fn a_relabelled_pod_wakes_pods_waiting_for_its_labels() {
+        let mut s = scheduler();
+        let labelled = |app: &str| {
+            Update::Pod(Arc::new(PodInfo::new(
+                serde_json::from_value::<Pod>(json!({
+                    "metadata": {"name": "bound", "namespace": "ns", "uid": "bound", "labels": {"app": app}},
+                    "spec": {"nodeName": "a", "containers": [{"name": "c"}]}
+                }))
+                .unwrap(),
+            )))
+        };
+        let follower = Update::Pod(Arc::new(PodInfo::new(
+            serde_json::from_value::<Pod>(json!({
+                "metadata": {"name": "f", "namespace": "ns", "uid": "f"},
+                "spec": {"containers": [{"name": "c"}], "affinity": {"podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [{
+                        "labelSelector": {"matchLabels": {"app": "db"}},
+                        "topologyKey": "kubernetes.io/hostname"}]}}}
+            }))
+            .unwrap(),
+        )));
+        for u in [
+            node("a"),
+            Update::NodesListed,
+            labelled("web"),
+            follower,
+            Update::PodsListed,
+        ] {
+            s.update(u);
+        }
+        s.schedule_batch();
+        assert!(s.queue.contains("f") && !s.queue.has_active(), "parked");
+        // Past its back-off, not its unschedulable timeout.
+        let later = Instant::now() + Duration::from_secs(60);
+        // The same labels again (a status update): still parked.
+        s.update(labelled("web"));
+        s.queue.flush(later);
+        assert!(!s.queue.has_active());
+        s.update(labelled("db"));
+        s.queue.flush(later);
+        assert!(s.queue.has_active(), "the new label is what it waits for");
+    }
+
+    #[test]
+    fn feasible_nodes_to_find_as_upstream() {
+        for (percentage, all, want) in [
+            (0, 50, 50),
+            (0, 100, 100),
+            (0, 1000, 420),
+            (0, 5000, 500),
+            (0, 10_000, 500),
+            (30, 1000, 300),
+            (5, 1000, 100),
+            (100, 1000, 1000),
+        ] {
+            assert_eq!(
+                nodes_to_find(percentage, all),
+                want,
+                "{percentage}% of {all}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -41,7 +41,7 @@ pub struct Constraint {
 }
 
 impl Constraint {
-    fn new(c: &TopologySpreadConstraint, labels: Option<&Labels>) -> Constraint {
+    pub(crate) fn new(c: &TopologySpreadConstraint, labels: Option<&Labels>) -> Constraint {
         let selector = c
             .label_selector
             .as_ref()
@@ -56,14 +56,14 @@ impl Constraint {
         }
     }
 
-    fn matches(&self, labels: Option<&Labels>) -> bool {
+    pub(crate) fn matches(&self, labels: Option<&Labels>) -> bool {
         self.selector
             .as_ref()
             .is_some_and(|s| selector::matches(s, labels))
     }
 
     /// Whether `node` is a domain of this constraint for `pod`.
-    fn includes(&self, pod: &Pod, node: &NodeInfo) -> bool {
+    pub(crate) fn includes(&self, pod: &Pod, node: &NodeInfo) -> bool {
         let Some(spec) = pod.spec.as_ref() else {
             return false;
         };
@@ -83,6 +83,17 @@ pub fn constraints(pod: &Pod) -> Vec<Constraint> {
         .iter()
         .flat_map(|s| s.topology_spread_constraints.iter().flatten())
         .filter(|c| c.when_unsatisfiable == "DoNotSchedule")
+        .map(|c| Constraint::new(c, labels))
+        .collect()
+}
+
+/// The pod's ScheduleAnyway constraints (the PodTopologySpread score's).
+pub fn soft_constraints(pod: &Pod) -> Vec<Constraint> {
+    let labels = pod.metadata.labels.as_ref();
+    pod.spec
+        .iter()
+        .flat_map(|s| s.topology_spread_constraints.iter().flatten())
+        .filter(|c| c.when_unsatisfiable == "ScheduleAnyway")
         .map(|c| Constraint::new(c, labels))
         .collect()
 }

@@ -45,6 +45,15 @@ async fn placed(c: &Cluster, names: &[String], want: usize) -> HashMap<String, S
     .unwrap_or_else(|| panic!("never exactly {want} of {names:?} bound"))
 }
 
+/// A FailedScheduling message without what preemption adds (upstream's
+/// ` preemption: ...` suffix): the filters' part these tests are about.
+fn filters(message: String) -> String {
+    match message.split_once(" preemption: ") {
+        Some((filters, _)) => filters.to_string(),
+        None => message,
+    }
+}
+
 fn per_node(placed: &HashMap<String, String>) -> HashMap<String, usize> {
     let mut out = HashMap::new();
     for node in placed.values() {
@@ -69,10 +78,11 @@ async fn anti_affinity_on_hostname_places_one_pod_per_node() {
     let expected = "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules.";
     for p in &pending {
         assert_eq!(
-            c.event_note("default", p, "FailedScheduling").await,
+            filters(c.event_note("default", p, "FailedScheduling").await),
             expected
         );
         let (reason, message) = c.unschedulable_condition("default", p).await;
+        let message = filters(message);
         assert_eq!(
             (reason.as_str(), message.as_str()),
             ("Unschedulable", expected)
@@ -146,7 +156,7 @@ async fn spread_over_zones_balances_even_against_the_resource_score() {
         .find(|n| !bound.contains_key(*n))
         .expect("one left");
     assert_eq!(
-        c.event_note("default", pending, "FailedScheduling").await,
+        filters(c.event_note("default", pending, "FailedScheduling").await),
         "0/4 nodes are available: 1 node(s) didn't match pod topology spread constraints \
          (missing required label), 3 node(s) didn't match pod topology spread constraints."
     );
@@ -169,7 +179,7 @@ async fn affinity_follows_a_labelled_pod_and_waits_for_one() {
     )
     .await;
     assert_eq!(
-        c.event_note("default", "early", "FailedScheduling").await,
+        filters(c.event_note("default", "early", "FailedScheduling").await),
         "0/3 nodes are available: 3 node(s) didn't match pod affinity rules."
     );
     // The db pod lands on n2: the waiting pod follows it there.
@@ -262,7 +272,7 @@ async fn existing_pods_anti_affinity_keeps_others_out() {
     )
     .await;
     assert_eq!(
-        c.event_note("default", "pinned", "FailedScheduling").await,
+        filters(c.event_note("default", "pinned", "FailedScheduling").await),
         "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
          2 node(s) didn't satisfy existing pods anti-affinity rules."
     );

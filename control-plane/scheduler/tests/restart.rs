@@ -44,7 +44,7 @@ async fn keeps_scheduling_across_an_api_server_restart() {
     c.pod("default", "stuck", "100m", json!({})).await;
     assert_eq!(
         c.event_note("default", "stuck", "FailedScheduling").await,
-        "0/1 nodes are available: 1 node(s) had untolerated taint {only: tolerant}."
+        "0/1 nodes are available: 1 node(s) had untolerated taint {only: tolerant}. preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling.."
     );
     c.stop_scheduler().await;
 }

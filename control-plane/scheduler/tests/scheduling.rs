@@ -80,7 +80,9 @@ async fn a_pod_that_fits_nowhere_says_why_and_is_bound_when_room_appears() {
     )
     .await;
     let expected = "0/4 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
-                    1 node(s) had untolerated taint {dedicated: gpu}, 2 Insufficient cpu.";
+                    1 node(s) had untolerated taint {dedicated: gpu}, 2 Insufficient cpu. \
+                    preemption: 0/4 nodes are available: 2 No preemption victims found for incoming pod, \
+                    2 Preemption is not helpful for scheduling..";
     let note = c.event_note("default", "big", "FailedScheduling").await;
     assert_eq!(note, expected);
     let ev = c
@@ -129,7 +131,7 @@ async fn a_burst_does_not_overcommit_and_deleting_a_pod_makes_room() {
     let pending: Vec<&String> = names.iter().filter(|n| !placed.contains_key(*n)).collect();
     for p in &pending {
         let (_, message) = c.unschedulable_condition("default", p).await;
-        assert_eq!(message, "0/2 nodes are available: 2 Insufficient cpu.");
+        assert_eq!(message, "0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod..");
     }
     // Still four after a while: nothing is bound over capacity.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -178,7 +180,8 @@ async fn taints_tolerations_and_node_readiness() {
     c.pod("default", "plain", "100m", json!({})).await;
     let expected = "0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, \
                     1 node(s) had untolerated taint {node.kubernetes.io/not-ready: }, \
-                    1 node(s) were unschedulable.";
+                    1 node(s) were unschedulable. \
+                    preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling..";
     assert_eq!(
         c.event_note("default", "plain", "FailedScheduling").await,
         expected
@@ -310,7 +313,7 @@ async fn node_affinity_and_selectors() {
     .await;
     assert_eq!(
         c.event_note("default", "nowhere", "FailedScheduling").await,
-        "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+        "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.."
     );
     c.stop_scheduler().await;
 }
@@ -336,7 +339,7 @@ async fn host_ports_and_other_schedulers() {
     c.pod("default", "c", "100m", with_port(8080, "TCP")).await;
     assert_eq!(
         c.event_note("default", "c", "FailedScheduling").await,
-        "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."
+        "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.."
     );
 
     // A pod for another scheduler is left alone.

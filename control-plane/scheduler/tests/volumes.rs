@@ -139,7 +139,8 @@ async fn a_bound_local_volume_pins_its_pods_to_its_node() {
     assert_eq!(
         c.event_note("default", "late", "FailedScheduling").await,
         "0/2 nodes are available: 1 node(s) had volume node affinity conflict, \
-         1 node(s) were unschedulable."
+         1 node(s) were unschedulable. \
+         preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.."
     );
     c.stop_scheduler().await;
 }
@@ -216,7 +217,7 @@ async fn a_static_wait_for_first_consumer_volume_takes_its_pod_to_its_node() {
     c.pod("default", "db-1", "100m", with_claim("db2")).await;
     assert_eq!(
         c.event_note("default", "db-1", "FailedScheduling").await,
-        "0/2 nodes are available: 2 node(s) didn't find available persistent volumes to bind."
+        "0/2 nodes are available: 2 node(s) didn't find available persistent volumes to bind. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.."
     );
     c.stop_scheduler().await;
 }

@@ -14,6 +14,12 @@
 //!   ([`super::serviceaccounts`]).
 //! - PodSecurity: namespaces' Pod Security levels ([`super::podsecurity`]),
 //!   run by [`validate_warn`] as it may warn.
+//! - ResourceQuota: checks and charges new objects against their
+//!   namespace's quotas ([`super::quota`]), last, from [`validate_warn`].
+//! - LimitRanger: LimitRange defaults and bounds for pods and claims
+//!   ([`super::limitranger`]).
+//! - Priority: pods' priority from their PriorityClass, one default
+//!   class ([`super::priority`]).
 //! - DefaultStorageClass, StorageObjectInUseProtection,
 //!   PersistentVolumeClaimResize ([`super::storageadmission`]).
 //!
@@ -40,6 +46,8 @@ pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> 
         namespace_lifecycle(api, objects::namespace(obj).unwrap_or_default()).await?;
         super::serviceaccounts::admit(api, obj).await?;
         default_tolerations(obj, &api.default_toleration_seconds);
+        super::limitranger::admit_create(api, r, obj).await?;
+        super::priority::admit_create(api, r, obj).await?;
     }
     super::storageadmission::mutate_create(api, r, obj).await?;
     Ok(())
@@ -59,6 +67,8 @@ pub(crate) async fn validate(
     if let Some(node) = r.node() {
         node::admit(node, &r.attrs, old, new).map_err(ApiError::forbidden)?;
     }
+    super::limitranger::validate(api, r, old, new).await?;
+    super::priority::validate(api, r, old, new).await?;
     if let (Some(old), Some(new)) = (old, new) {
         if r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty()
         {
@@ -89,7 +99,13 @@ pub(crate) async fn validate_warn(
     new: Option<&Value>,
 ) -> ApiResult<Vec<String>> {
     validate(api, r, old, new).await?;
-    super::podsecurity::admit(api, r, old, new).await
+    let warnings = super::podsecurity::admit(api, r, old, new).await?;
+    // ResourceQuota last, as upstream: it charges the object, so every
+    // other plugin must have let it through first.
+    if let Some(new) = new {
+        super::quota::admit(api, r, old, new).await?;
+    }
+    Ok(warnings)
 }
 
 /// Namespace lifecycle admission: the namespace must exist and not be

@@ -1,6 +1,6 @@
 //! Objects every cluster has from its first start: the system namespaces,
-//! the default RBAC policy and the `local-path` StorageClass. Idempotent:
-//! existing objects are kept.
+//! the default RBAC policy, the `local-path` StorageClass and the system
+//! PriorityClasses. Idempotent: existing objects are kept.
 
 use std::sync::Arc;
 
@@ -73,6 +73,10 @@ pub async fn run(api: &Arc<ApiServer>) -> ApiResult<()> {
         local_path_class(),
     )
     .await?;
+    let pc_req = system_req("scheduling.k8s.io", "priorityclasses", None);
+    for pc in super::strategy::priorityclass::system_classes() {
+        ensure(api, &pc_req, pc).await?;
+    }
     let list = api
         .store
         .list("/registry/core/services/", None, 0, None)

@@ -26,8 +26,6 @@ pub fn pod_spec(spec: &mut Map<String, Value>, admission: bool) {
     set(spec, "securityContext", json!({}));
     if admission {
         set(spec, "enableServiceLinks", json!(true));
-        set(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
-        set(spec, "priority", json!(0));
         // The deprecated `serviceAccount` names the account when
         // `serviceAccountName` does not, as upstream's conversion reads it.
         let deprecated = spec

@@ -11,6 +11,7 @@
 //! - [`admission`]: the built-in admission plugins around every write;
 //!   [`storageadmission`]: the storage ones (default class, protection
 //!   finalizers, resize)
+//!   and [`quota`]: ResourceQuota admission (checks and charges creates)
 //! - [`subresources`]: generic status and scale, dispatch to the kinds' own
 //! - [`nodeproxy`]: pods/log, exec, attach, portforward proxied to the node
 //! - [`watch`]: watch streams with bookmarks and 410 Gone
@@ -32,6 +33,7 @@ pub mod health;
 pub mod httpproxy;
 pub mod inflight;
 pub mod ipalloc;
+pub mod limitranger;
 pub mod model;
 pub mod nodeproxy;
 pub mod objects;
@@ -40,7 +42,9 @@ pub mod options;
 pub mod order;
 pub mod patch;
 pub mod podsecurity;
+pub mod priority;
 pub mod protobuf;
+pub mod quota;
 pub mod request;
 pub mod resources;
 pub mod review;

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use k8s_openapi::api::{
     apps, authentication, authorization, batch, certificates, coordination, core, discovery,
-    events, policy, rbac, storage,
+    events, policy, rbac, scheduling, storage,
 };
 
 use super::model::{Model, Typed};
@@ -183,6 +183,13 @@ pub static RESOURCES: &[ResourceDef] = &[
         .short(&["pvc"])
         .with_status()
         .rules(&strategy::storage::claim::PersistentVolumeClaim),
+    kind::<core::v1::ResourceQuota>()
+        .short(&["quota"])
+        .with_status()
+        .rules(&strategy::resourcequota::ResourceQuota),
+    kind::<core::v1::LimitRange>()
+        .short(&["limits"])
+        .rules(&strategy::limitrange::LimitRange),
     kind::<core::v1::ReplicationController>()
         .short(&["rc"])
         .all()
@@ -267,6 +274,10 @@ pub static RESOURCES: &[ResourceDef] = &[
         .short(&["csr"])
         .with_status()
         .rules(&strategy::csr::Csr),
+    kind::<scheduling::v1::PriorityClass>()
+        .cluster()
+        .short(&["pc"])
+        .rules(&strategy::priorityclass::PriorityClass),
     kind::<storage::v1::StorageClass>()
         .cluster()
         .short(&["sc"])

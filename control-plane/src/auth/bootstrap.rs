@@ -47,6 +47,8 @@ pub fn cluster_roles() -> Vec<Value> {
     let workloads = json!([
         {"apiGroups": [""], "resources": ["pods", "pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "pods/eviction", "services", "endpoints", "configmaps", "secrets", "serviceaccounts", "events", "persistentvolumeclaims", "replicationcontrollers", "replicationcontrollers/scale", "pods/ephemeralcontainers"], "verbs": RW},
         {"apiGroups": [""], "resources": ["pods/log", "pods/status", "namespaces", "namespaces/status", "services/status"], "verbs": RO},
+        {"apiGroups": [""], "resources": ["resourcequotas", "resourcequotas/status"], "verbs": RO},
+        {"apiGroups": [""], "resources": ["limitranges"], "verbs": RO},
         {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "replicasets", "replicasets/scale", "daemonsets", "statefulsets", "statefulsets/scale", "controllerrevisions"], "verbs": RW},
         {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": RW},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": RW},
@@ -60,6 +62,8 @@ pub fn cluster_roles() -> Vec<Value> {
     }
     let view = json!([
         {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "services/status", "endpoints", "configmaps", "serviceaccounts", "events", "namespaces", "namespaces/status", "persistentvolumeclaims", "replicationcontrollers", "replicationcontrollers/scale", "replicationcontrollers/status"], "verbs": RO},
+        {"apiGroups": [""], "resources": ["resourcequotas", "resourcequotas/status"], "verbs": RO},
+        {"apiGroups": [""], "resources": ["limitranges"], "verbs": RO},
         {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "deployments/status", "replicasets", "replicasets/scale", "replicasets/status", "daemonsets", "daemonsets/status", "statefulsets", "statefulsets/scale", "statefulsets/status", "controllerrevisions"], "verbs": RO},
         {"apiGroups": ["batch"], "resources": ["jobs", "jobs/status", "cronjobs", "cronjobs/status"], "verbs": RO},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets", "poddisruptionbudgets/status"], "verbs": RO},
@@ -145,6 +149,7 @@ pub fn cluster_roles() -> Vec<Value> {
                 {"apiGroups": [""], "resources": ["bindings", "pods/binding"], "verbs": ["create"]},
                 {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
                 {"apiGroups": ["apps"], "resources": ["replicasets", "statefulsets"], "verbs": RO},
+                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": RO},
             ]),
         ),
         // One identity for all controllers (upstream runs each with its own

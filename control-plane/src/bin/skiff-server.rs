@@ -103,6 +103,11 @@ struct ServeArgs {
     /// Do not run the scheduler in this process.
     #[arg(long)]
     disable_scheduler: bool,
+    /// The scheduler's KubeSchedulerConfiguration
+    /// (kubescheduler.config.k8s.io/v1): profiles, score plugins and
+    /// weights, percentageOfNodesToScore.
+    #[arg(long)]
+    scheduler_config: Option<PathBuf>,
     /// Do not run the controllers in this process.
     #[arg(long)]
     disable_controller_manager: bool,
@@ -234,6 +239,7 @@ impl ServeArgs {
             service_account_max_token_expiration: self.service_account_max_token_expiration.clone(),
             tls_san: (!self.tls_san.is_empty()).then(|| self.tls_san.clone()),
             disable_scheduler: self.disable_scheduler.then_some(true),
+            scheduler_config: self.scheduler_config.clone(),
             disable_controller_manager: self.disable_controller_manager.then_some(true),
             controllers: self.controllers.clone(),
             node_cidr_mask_size: self.node_cidr_mask_size,

@@ -60,6 +60,20 @@ impl Env {
         })));
     }
 
+    /// What one controller run by hand (`run_with` a test clock or
+    /// period) gets: the controller manager's identity and informers.
+    pub async fn controller_ctx(&self) -> skiff_controllers::Ctx {
+        let client = self
+            .server
+            .client_for("system:kube-controller-manager", &[])
+            .await;
+        skiff_controllers::Ctx {
+            informers: kube_util::Factory::new(client.clone()),
+            client,
+            config: std::sync::Arc::new(skiff_controllers::Config::default()),
+        }
+    }
+
     /// Stop the controller manager and wait until it has.
     pub async fn stop_controllers(&mut self) {
         if let Some(tx) = self.stop.take() {
@@ -330,15 +344,7 @@ pub struct CronJobController(JoinHandle<()>);
 
 impl CronJobController {
     pub async fn start(env: &Env, clock: skiff_controllers::cronjob::Clock) -> Self {
-        let client = env
-            .server
-            .client_for("system:kube-controller-manager", &[])
-            .await;
-        let ctx = skiff_controllers::Ctx {
-            informers: kube_util::Factory::new(client.clone()),
-            client,
-            config: std::sync::Arc::new(skiff_controllers::Config::default()),
-        };
+        let ctx = env.controller_ctx().await;
         CronJobController(tokio::spawn(async move {
             if let Err(e) = skiff_controllers::cronjob::run_with(ctx, clock).await {
                 panic!("cronjob controller: {e}");

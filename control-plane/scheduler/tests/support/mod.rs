@@ -35,15 +35,17 @@ impl Cluster {
 
     /// Run the scheduler with its own identity.
     pub async fn start_scheduler(&mut self) {
+        self.start_scheduler_with(skiff_scheduler::Config::default())
+            .await;
+    }
+
+    /// Run the scheduler with its own identity and `config`.
+    pub async fn start_scheduler_with(&mut self, config: skiff_scheduler::Config) {
         let client = self.server.client_for("system:kube-scheduler", &[]).await;
         let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(skiff_scheduler::run(
-            client,
-            skiff_scheduler::Config::default(),
-            async {
-                let _ = rx.await;
-            },
-        ));
+        let task = tokio::spawn(skiff_scheduler::run(client, config, async {
+            let _ = rx.await;
+        }));
         self.scheduler = Some((tx, task));
     }
 

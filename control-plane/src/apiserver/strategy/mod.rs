@@ -14,6 +14,8 @@
 //!   [`node`], [`job`], [`cronjob`], [`workloads`] (Deployment, ReplicaSet,
 //!   DaemonSet), [`statefulset`], [`revision`] (ControllerRevision),
 //!   [`replicationcontroller`], [`disruptionbudget`],
+//!   [`resourcequota`],
+//!   [`limitrange`], [`priorityclass`],
 //!   [`componentstatus`] (computed, never stored),
 //!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`],
 //!   [`serviceaccount`] (TokenRequest), [`storage`] (PersistentVolumes,
@@ -28,12 +30,15 @@ pub mod csr;
 pub mod disruptionbudget;
 pub mod event;
 pub mod job;
+pub mod limitrange;
 pub mod namespace;
 pub mod node;
 pub mod pod;
 pub mod printed;
+pub mod priorityclass;
 pub mod rbac;
 pub mod replicationcontroller;
+pub mod resourcequota;
 pub mod revision;
 pub mod secret;
 pub mod service;

@@ -97,6 +97,23 @@ impl Strategy for Pod {
         }
         security::validate("spec", obj.get("spec"), &mut c);
         affinity::validate("spec", obj.get("spec"), &mut c);
+        priority_fields(obj.get("spec"), &mut c);
+        c
+    }
+
+    /// The scheduler and preemption read a pod's priority as admitted:
+    /// an update may not change it (part of upstream's immutable pod spec).
+    fn validate_update(&self, old: &Value, new: &Value) -> Vec<Cause> {
+        let mut c = self.validate(new);
+        let changed = ["priority", "priorityClassName", "preemptionPolicy"]
+            .iter()
+            .any(|k| old["spec"].get(*k) != new["spec"].get(*k));
+        if changed {
+            c.push(Cause::forbidden(
+                "spec",
+                "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+            ));
+        }
         c
     }
 
@@ -105,6 +122,15 @@ impl Strategy for Pod {
     fn prepare_for_update(&self, old: &Value, new: &mut Value) {
         let kept = old["spec"].get("ephemeralContainers").cloned();
         if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+            // Priority admission set these on create; an update that
+            // leaves them out keeps them (upstream's plugin on update).
+            for k in ["priority", "preemptionPolicy"] {
+                if let Some(v) = old["spec"].get(k).filter(|v| !v.is_null()) {
+                    if spec.get(k).is_none_or(Value::is_null) {
+                        spec.insert(k.into(), v.clone());
+                    }
+                }
+            }
             match kept {
                 Some(k) => spec.insert("ephemeralContainers".into(), k),
                 None => spec.remove("ephemeralContainers"),
@@ -219,11 +245,28 @@ fn grace_period(pod: &Value, asked: Option<i64>) -> i64 {
     g.max(0)
 }
 
+/// `priorityClassName` is a DNS subdomain and `preemptionPolicy` one of
+/// upstream's two (`ValidatePodSpec`).
+fn priority_fields(spec: Option<&Value>, c: &mut Vec<Cause>) {
+    let Some(spec) = spec else {
+        return;
+    };
+    if let Some(name) = spec["priorityClassName"].as_str().filter(|n| !n.is_empty()) {
+        validation::dns_subdomain("spec.priorityClassName", name, c);
+    }
+    if let Some(p) = spec["preemptionPolicy"].as_str() {
+        let allowed = super::priorityclass::PREEMPTION_POLICIES;
+        if !allowed.contains(&p) {
+            c.push(Cause::not_supported("spec.preemptionPolicy", p, &allowed));
+        }
+    }
+}
+
 /// The pod's QoS class, kube-util's as the agent's. Only the resources
 /// decide it, so only they are read into the typed model: reading the
 /// whole pod cost a deep copy of it on every create. A pod whose resources
 /// do not read is refused by validation after this.
-fn qos_class(obj: &Value) -> &'static str {
+pub(crate) fn qos_class(obj: &Value) -> &'static str {
     use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
     let spec = &obj["spec"];
     let resources = |v: &Value| {
