@@ -26,8 +26,8 @@ use crate::spread::Constraint;
 /// Scores run from 0 to this (upstream `MaxNodeScore`).
 pub const MAX_SCORE: i64 = 100;
 
-/// How a profile scores (the lead's KubeSchedulerConfiguration parser,
-/// `crate::profile`, fills it; `Default` is upstream's default profile).
+/// How a profile scores: [`crate::profile`] fills it from a
+/// KubeSchedulerConfiguration; `Default` is upstream's default profile.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scoring {
     /// Plugin name (upstream's) -> weight; a plugin absent does not score.
