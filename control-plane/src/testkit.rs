@@ -305,6 +305,17 @@ pub fn ok(out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The words of the first line of kubectl's table output: its column
+/// headers (`CREATED AT` is two).
+pub fn header(table: &str) -> Vec<&str> {
+    table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect()
+}
+
 /// kubectl stderr, failing the test when kubectl succeeded.
 pub fn fails(out: Output) -> String {
     assert!(

@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::{eventually, fails, ok, raw, TestServer};
+use api::{eventually, fails, header, ok, raw, TestServer};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
@@ -410,14 +410,8 @@ async fn kubectl_lists_approves_and_denies_csrs() {
             names_.push(c.metadata.name.unwrap());
         }
         let table = ok(kubectl_version(version, &s, &["get", "csr", &names_[0]]));
-        let header: Vec<&str> = table
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .collect();
         assert_eq!(
-            header,
+            header(&table),
             [
                 "NAME",
                 "AGE",

@@ -6,7 +6,7 @@
 #[path = "support/api.rs"]
 mod api;
 
-use api::{ok, TestServer};
+use api::{header, ok, TestServer};
 use k8s_openapi::api::core::v1::{LimitRange, PersistentVolumeClaim, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
@@ -93,11 +93,7 @@ async fn defaults_fill_containers_without_resources() {
         "apiVersion: v1\nkind: LimitRange\nmetadata:\n  name: applied\n  namespace: default\nspec:\n  limits:\n  - type: Pod\n    max:\n      memory: 8Gi\n",
     ));
     let get = ok(s.kubectl(&["get", "limits", "-n", "default"]));
-    let header = get.lines().next().unwrap_or_default();
-    assert_eq!(
-        header.split_whitespace().collect::<Vec<_>>(),
-        ["NAME", "CREATED", "AT"]
-    );
+    assert_eq!(header(&get), ["NAME", "CREATED", "AT"]);
     assert!(get.contains("defaults"), "{get}");
 }
 

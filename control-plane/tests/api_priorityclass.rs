@@ -6,7 +6,7 @@
 #[path = "support/api.rs"]
 mod api;
 
-use api::{ok, TestServer};
+use api::{header, ok, TestServer};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
@@ -68,14 +68,8 @@ async fn system_classes_are_built_in_and_kept() {
     assert_eq!(code, 422);
 
     let get = ok(s.kubectl(&["get", "pc"]));
-    let header: Vec<&str> = get
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
     assert_eq!(
-        header,
+        header(&get),
         ["NAME", "VALUE", "GLOBAL-DEFAULT", "AGE", "PREEMPTIONPOLICY"]
     );
     let row = get

@@ -248,6 +248,27 @@ pub fn missing_requests(pod: &Value, required: &[&str]) -> Vec<(String, Vec<Stri
         .collect()
 }
 
+/// Whether any of a quota's `hard` resources counts objects of this
+/// kind: when none does, its objects need not be looked at.
+pub fn constrains(hard: &Usage, group: &str, plural: &str) -> bool {
+    hard.keys().any(|k| matches_resource(group, plural, k))
+}
+
+/// Add what `obj` uses to `used`, a quota's usage keyed by its hard
+/// resources (others are not its business), when the quota's scopes
+/// select the object: how admission's and the controller's recounts add
+/// up each object.
+pub fn add_usage(used: &mut Usage, quota: &Value, group: &str, plural: &str, obj: &Value) {
+    if !in_scope(quota, group, plural, obj) {
+        return;
+    }
+    for (k, v) in usage(group, plural, obj) {
+        if let Some(u) = used.get_mut(&k) {
+            *u += v;
+        }
+    }
+}
+
 /// Whether the quota's `scopes` and `scopeSelector` select the object
 /// (upstream's `Matches`). Scopes are about pods: other kinds fall only
 /// in quotas without any.

@@ -189,21 +189,11 @@ fn used(q: &Value, hard: &usage::Usage, kinds: &[Counted]) -> usage::Usage {
     let ns = q["metadata"]["namespace"].as_str().unwrap_or_default();
     let mut used: usage::Usage = hard.keys().map(|k| (k.clone(), 0)).collect();
     for kind in kinds {
-        if !hard
-            .keys()
-            .any(|k| usage::matches_resource(kind.group, kind.plural, k))
-        {
+        if !usage::constrains(hard, kind.group, kind.plural) {
             continue;
         }
         for obj in (kind.list)(ns) {
-            if !usage::in_scope(q, kind.group, kind.plural, &obj) {
-                continue;
-            }
-            for (k, v) in usage::usage(kind.group, kind.plural, &obj) {
-                if let Some(u) = used.get_mut(&k) {
-                    *u += v;
-                }
-            }
+            usage::add_usage(&mut used, q, kind.group, kind.plural, &obj);
         }
     }
     used

@@ -186,6 +186,13 @@ impl Preferred {
         (!preferred.affinity.is_empty() || !preferred.anti_affinity.is_empty())
             .then(|| Box::new(preferred))
     }
+
+    /// Every term with its weight, negative for anti-affinity: what the
+    /// score adds per matching pod.
+    pub fn signed(&self) -> impl Iterator<Item = (i64, &Term)> {
+        let affinity = self.affinity.iter().map(|(w, t)| (*w, t));
+        affinity.chain(self.anti_affinity.iter().map(|(w, t)| (-*w, t)))
+    }
 }
 
 /// Which rule a node breaks, in upstream's order of checking.

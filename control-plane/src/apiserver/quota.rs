@@ -276,10 +276,7 @@ async fn recompute(api: &ApiServer, q: &Value, hard: &Usage) -> Usage {
         .iter()
         .filter(|d| d.namespaced && d.computed.is_none() && d.stored_as.is_none())
     {
-        if !seen.insert((def.group, def.plural))
-            || !hard
-                .keys()
-                .any(|k| usage::matches_resource(def.group, def.plural, k))
+        if !seen.insert((def.group, def.plural)) || !usage::constrains(hard, def.group, def.plural)
         {
             continue;
         }
@@ -290,14 +287,7 @@ async fn recompute(api: &ApiServer, q: &Value, hard: &Usage) -> Usage {
             let Some(obj) = super::convert::decode(def, &kv.value, kv.mod_revision) else {
                 continue;
             };
-            if !usage::in_scope(q, def.group, def.plural, &obj) {
-                continue;
-            }
-            for (k, v) in usage::usage(def.group, def.plural, &obj) {
-                if let Some(u) = used.get_mut(&k) {
-                    *u += v;
-                }
-            }
+            usage::add_usage(&mut used, q, def.group, def.plural, &obj);
         }
     }
     used

@@ -35,12 +35,7 @@ pub(super) fn add(counts: &mut Counts, key: &str, value: &str, n: i64) {
 pub(super) fn interpod_prescore(pod: &PodInfo, cache: &Cache, hard_weight: i64) -> Option<Counts> {
     let mut counts = Counts::new();
     if let Some(preferred) = pod.preferred.as_deref() {
-        let weighted = preferred
-            .affinity
-            .iter()
-            .map(|(w, t)| (*w, t))
-            .chain(preferred.anti_affinity.iter().map(|(w, t)| (-*w, t)));
-        let weighted: Vec<(i64, &Term)> = weighted.collect();
+        let weighted: Vec<(i64, &Term)> = preferred.signed().collect();
         for group in cache.label_groups() {
             for (weight, term) in &weighted {
                 if !term.matches(&group.namespace, Some(&group.labels)) {
@@ -77,12 +72,7 @@ pub(super) fn interpod_prescore(pod: &PodInfo, cache: &Cache, hard_weight: i64) 
             continue;
         };
         let weighted = required.iter().map(|t| (hard_weight, t));
-        let weighted = weighted.chain(preferred.into_iter().flat_map(|p| {
-            p.affinity
-                .iter()
-                .map(|(w, t)| (*w, t))
-                .chain(p.anti_affinity.iter().map(|(w, t)| (-*w, t)))
-        }));
+        let weighted = weighted.chain(preferred.into_iter().flat_map(Preferred::signed));
         for (weight, term) in weighted {
             if let Some(value) = labels.get(&term.topology_key) {
                 if term.matches_pod(pod) {

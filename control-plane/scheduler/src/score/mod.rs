@@ -33,7 +33,7 @@ use kube_util::{nodeaffinity, taints};
 use rand::Rng;
 
 use crate::cache::Cache;
-use crate::interpod::Term;
+use crate::interpod::{Preferred, Term};
 use crate::nodeinfo::NodeInfo;
 use crate::podinfo::PodInfo;
 use crate::spread::Constraint;
