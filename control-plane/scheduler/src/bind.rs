@@ -25,8 +25,14 @@ impl Error {
     /// being deleted, or was re-created (409/404 from the API server).
     /// The watch brings whatever is true now.
     pub fn is_final(&self) -> bool {
-        matches!(&self.source, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+        is_gone(&self.source)
     }
+}
+
+/// A 404 or 409 for a write about a pod: it is gone, or no longer the
+/// pod the write was meant for.
+pub fn is_gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

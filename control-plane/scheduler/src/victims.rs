@@ -11,6 +11,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
 use tracing::{debug, warn};
 
+use crate::bind::is_gone;
 use crate::podinfo::PodInfo;
 
 /// One preemption to write.
@@ -49,7 +50,7 @@ async fn remove(client: &kube::Client, scheduler: &str, victim: &PodInfo) {
         )
         .await
     {
-        if !gone(&e) {
+        if !is_gone(&e) {
             warn!(pod = %format!("{}/{}", victim.namespace, victim.name), error = %e,
                 "could not mark a preemption victim; deleting it anyway");
         }
@@ -65,7 +66,7 @@ async fn remove(client: &kube::Client, scheduler: &str, victim: &PodInfo) {
     };
     match api.delete(&victim.name, &params).await {
         Ok(_) => debug!(pod = %format!("{}/{}", victim.namespace, victim.name), "preempted"),
-        Err(e) if gone(&e) => {}
+        Err(e) if is_gone(&e) => {}
         Err(e) => warn!(pod = %format!("{}/{}", victim.namespace, victim.name), error = %e,
             "could not delete a preemption victim"),
     }
@@ -79,13 +80,9 @@ async fn nominate(client: &kube::Client, pod: &PodInfo, node: Option<&str>) {
         .patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        if !gone(&e) {
+        if !is_gone(&e) {
             warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e,
                 "could not write the nominated node");
         }
     }
-}
-
-fn gone(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
 }
