@@ -32,6 +32,8 @@ const OBJECT_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Errors that stop the agent from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("{0}")]
+    Config(String),
     #[error("invalid container runtime endpoint {endpoint}: {source}")]
     Endpoint {
         endpoint: String,
@@ -68,6 +70,12 @@ pub enum Error {
 /// # Errors
 /// Only start-up failures; once running, runtime outages are retried.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    config.image_gc.validate().map_err(Error::Config)?;
+    if config.image_gc_period.is_zero() {
+        return Err(Error::Config(
+            "invalid configuration: imageGCPeriod must be greater than 0".into(),
+        ));
+    }
     for dir in [&config.root_dir, &config.pod_log_dir] {
         std::fs::create_dir_all(dir).map_err(|source| Error::Dir {
             path: dir.display().to_string(),
@@ -272,14 +280,37 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         );
         tokio::spawn(logs.run(stopped()));
     }
+    let node_recorder = client
+        .as_ref()
+        .map(|c| crate::events::api_recorder(c.clone(), &config.node_name));
+    {
+        let cri = runtime_for_node.cri.clone();
+        let recorder = node_recorder.clone();
+        tokio::spawn(async move { crate::images::sandbox::check(&cri, recorder.as_ref()).await });
+    }
+    let importer = crate::images::import::Importer::new(
+        runtime_for_node.cri.clone(),
+        config.container_runtime_endpoint.clone(),
+        config.image_import_dir.clone(),
+        node_recorder.clone(),
+    );
+    tokio::spawn(importer.run(stopped()));
+    if config.image_gc.enabled() {
+        let collector = crate::images::collector::Collector::new(
+            runtime_for_node.cri.clone(),
+            config.image_gc,
+            config.image_gc_period,
+            node_recorder.clone(),
+        );
+        tokio::spawn(collector.run(stopped()));
+    }
     let mut node_task = None;
     let shutting_down = Arc::new(crate::shutdown::ShuttingDown::default());
-    if let Some(c) = &client {
+    if let (Some(c), Some(recorder)) = (&client, node_recorder) {
         let probe = Arc::new(crate::shutdown::ReportShutdown {
             inner: Arc::new(CriProbe::new(runtime_for_node, Some(health.clone()))),
             flag: shutting_down.clone(),
         });
-        let recorder = crate::events::api_recorder(c.clone(), &config.node_name);
         let node = NodeAgent::new(
             c.clone(),
             Arc::new(config.clone()),

@@ -237,6 +237,31 @@ settings! {
         #[arg(long, value_parser = parse_duration)]
         #[serde(default, deserialize_with = "duration")]
         pub container_log_monitor_interval: Option<Duration>,
+        /// Image file system usage (percent) at which unused images are
+        /// removed (85; 100: never by usage).
+        #[arg(long = "image-gc-high-threshold")]
+        #[serde(rename = "imageGCHighThresholdPercent")]
+        pub image_gc_high_threshold_percent: Option<u8>,
+        /// Usage (percent) that image garbage collection frees down to (80).
+        #[arg(long = "image-gc-low-threshold")]
+        #[serde(rename = "imageGCLowThresholdPercent")]
+        pub image_gc_low_threshold_percent: Option<u8>,
+        /// An image is never removed before it was seen this long, e.g. 2m.
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, rename = "imageMinimumGCAge", deserialize_with = "duration")]
+        pub image_minimum_gc_age: Option<Duration>,
+        /// Remove images unused this long whatever the usage (0: off).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, rename = "imageMaximumGCAge", deserialize_with = "duration")]
+        pub image_maximum_gc_age: Option<Duration>,
+        /// Image archives (tar, .tar.gz, .tar.zst) dropped here are imported
+        /// into the runtime (ROOT_DIR/images).
+        #[arg(long)]
+        pub image_import_dir: Option<PathBuf>,
+        /// How often images are collected (5m, the kubelet's fixed period).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, rename = "imageGCPeriod", deserialize_with = "duration")]
+        pub image_gc_period: Option<Duration>,
         /// Service proxy: nftables (default), iptables or none.
         #[arg(long)]
         #[serde(default, deserialize_with = "from_str")]
@@ -301,7 +326,11 @@ impl Settings {
         let root_dir: PathBuf = self
             .root_dir
             .unwrap_or_else(|| "/var/lib/skiff-agent".into());
+        let image_import_dir = self
+            .image_import_dir
+            .unwrap_or_else(|| root_dir.join("images"));
         Config {
+            image_import_dir,
             node_name: self.node_name.unwrap_or_else(default_node_name),
             local_path_root: self.local_path_root.unwrap_or_else(|| {
                 // Announced to the control plane, which joins volume
@@ -349,6 +378,20 @@ impl Settings {
             container_log_max_size: self.container_log_max_size.map_or(Some(10 << 20), |s| s.0),
             container_log_max_files: self.container_log_max_files.map_or(5, |n| n.0),
             container_log_monitor_interval: self.container_log_monitor_interval.unwrap_or(secs(10)),
+            image_gc: {
+                let d = crate::images::gc::Policy::default();
+                crate::images::gc::Policy {
+                    high_threshold_percent: self
+                        .image_gc_high_threshold_percent
+                        .unwrap_or(d.high_threshold_percent),
+                    low_threshold_percent: self
+                        .image_gc_low_threshold_percent
+                        .unwrap_or(d.low_threshold_percent),
+                    min_age: self.image_minimum_gc_age.unwrap_or(d.min_age),
+                    max_age: self.image_maximum_gc_age.unwrap_or(d.max_age),
+                }
+            },
+            image_gc_period: self.image_gc_period.unwrap_or(secs(300)),
             proxy_mode: self.proxy_mode.unwrap_or(skiff_proxy::Mode::Nftables),
             proxy_min_sync_period: self
                 .proxy_min_sync_period
@@ -454,6 +497,12 @@ pub struct Config {
     /// How often logs are checked for rotation
     /// (containerLogMonitorInterval, 10s).
     pub container_log_monitor_interval: Duration,
+    /// When unused images are removed (checked at start).
+    pub image_gc: crate::images::gc::Policy,
+    /// How often the image collector runs.
+    pub image_gc_period: Duration,
+    /// Archives here are imported into the runtime.
+    pub image_import_dir: PathBuf,
     /// The service proxy: nftables (default), iptables or none.
     pub proxy_mode: skiff_proxy::Mode,
     /// Changes closer together than this share one proxy sync.
@@ -838,6 +887,22 @@ mod tests {
         assert_eq!(c.container_log_max_size, None);
         let argv = ["skiff-agent", "--container-log-max-files", "1"];
         assert!(Flags::try_parse_from(argv).is_err());
+    }
+
+    #[test]
+    fn image_gc_settings_use_the_kubelet_names_and_defaults() {
+        let c = Settings::default().resolve();
+        assert_eq!(c.image_gc, crate::images::gc::Policy::default());
+        assert_eq!(c.image_gc_period, Duration::from_secs(300));
+        let f = file("imageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 70\nimageMinimumGCAge: 1m\nimageMaximumGCAge: 1h\n");
+        let c = flags(&["--image-gc-low-threshold", "60", "--image-gc-period", "30s"])
+            .or(f)
+            .resolve();
+        assert_eq!(c.image_gc.high_threshold_percent, 90);
+        assert_eq!(c.image_gc.low_threshold_percent, 60);
+        assert_eq!(c.image_gc.min_age, Duration::from_secs(60));
+        assert_eq!(c.image_gc.max_age, Duration::from_secs(3600));
+        assert_eq!(c.image_gc_period, Duration::from_secs(30));
     }
 
     #[test]

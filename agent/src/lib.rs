@@ -51,6 +51,7 @@ pub mod backoff;
 pub mod certs;
 pub mod config;
 pub mod events;
+pub mod images;
 pub mod install;
 pub mod lifecycle;
 pub mod logs;

@@ -140,6 +140,10 @@ impl Agent {
                 dir.join("ca/pki/ca.crt").display()
             ));
         }
+        // Image GC off unless a test turns it on (a flag given again
+        // wins): a test machine's disk may well be over 85 % full, and the
+        // side-loaded images have no registry to come back from.
+        args.push("--image-gc-high-threshold=100".into());
         args.extend(opts.extra_args);
         let mut agent = Agent {
             child: None,

@@ -291,6 +291,9 @@ impl Cluster {
             "--runtime-request-timeout=30s".into(),
             format!("--node-ip={}", ns.ip),
             format!("--resolv-conf={}", resolv_conf.display()),
+            // Side-loaded images have no registry to come back from, and
+            // the machine's disk may be over 85 % full: no image GC.
+            "--image-gc-high-threshold=100".into(),
         ];
         if !opts.labels.is_empty() {
             let labels: Vec<String> = opts

@@ -495,6 +495,26 @@ pub fn toolbox_tag(tag: &str) -> Result<OciImage> {
         .build()
 }
 
+/// The toolbox image as `name` with one more layer, `/blob`: `bytes` of
+/// random (incompressible) data, for an image of a chosen size.
+///
+/// # Errors
+/// Fails only on tar or gzip encoding errors.
+pub fn toolbox_with_blob(name: &str, bytes: usize) -> Result<OciImage> {
+    static LAYER: OnceLock<Mutex<Option<Layer>>> = OnceLock::new();
+    let toolbox = cached_layer(&LAYER, toolbox_layer)?;
+    let mut data = vec![0u8; bytes];
+    rand::Rng::fill(&mut rand::rng(), data.as_mut_slice());
+    let blob = LayerBuilder::new().file("/blob", data, 0o644).build()?;
+    ImageBuilder::new(name)
+        .layer(toolbox)
+        .layer(blob)
+        .env(TOOLBOX_PATH)
+        .cmd(["sh"])
+        .working_dir("/")
+        .build()
+}
+
 /// Name of [`grpc_health`]'s image.
 pub const GRPC_HEALTH_IMAGE: &str = "skiff.test/grpc-health:1.0";
 

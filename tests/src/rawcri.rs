@@ -12,6 +12,16 @@ use crate::TOOLBOX_IMAGE;
 /// The same sandbox and container the agent would make, minus its
 /// bookkeeping: the floor the agent is measured against.
 pub async fn raw_pod(cri: &CriClient, name: &str, logs: &std::path::Path) -> Result<()> {
+    raw_pod_of(cri, name, logs, TOOLBOX_IMAGE).await
+}
+
+/// [`raw_pod`] with a container of `image` (present already).
+pub async fn raw_pod_of(
+    cri: &CriClient,
+    name: &str,
+    logs: &std::path::Path,
+    image: &str,
+) -> Result<()> {
     let uid = format!("raw-{name}");
     let labels = HashMap::from([
         ("io.kubernetes.pod.name".to_string(), name.to_string()),
@@ -54,7 +64,7 @@ pub async fn raw_pod(cri: &CriClient, name: &str, logs: &std::path::Path) -> Res
                     attempt: 0,
                 }),
                 image: Some(v1::ImageSpec {
-                    image: TOOLBOX_IMAGE.into(),
+                    image: image.into(),
                     ..Default::default()
                 }),
                 command: vec!["sleep".into(), "3600".into()],

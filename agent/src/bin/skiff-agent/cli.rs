@@ -40,6 +40,13 @@ pub enum Command {
         #[arg(long, default_value = skiff_agent::config::DEFAULT_POD_LOG_DIR)]
         pod_log_dir: PathBuf,
     },
+    /// The node's images, through the container runtime (as crictl).
+    Images {
+        #[arg(long, default_value = skiff_agent::config::DEFAULT_RUNTIME_ENDPOINT)]
+        container_runtime_endpoint: String,
+        #[command(subcommand)]
+        command: ImagesCommand,
+    },
     /// Join a cluster: check its CA against the token, make this node's
     /// key, and obtain its client certificate through a CSR.
     Join(JoinArgs),
@@ -49,6 +56,25 @@ pub enum Command {
     /// Stop and remove the service; --purge also removes the node's pods,
     /// state and credentials.
     Uninstall(UninstallArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImagesCommand {
+    /// List images: IMAGE, TAG, IMAGE ID, SIZE.
+    #[command(visible_alias = "ls")]
+    List,
+    /// Import image archives (OCI or docker-archive tars, optionally
+    /// gzip or zstd compressed) through containerd's `ctr`.
+    Import {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Remove images by reference or ID.
+    #[command(visible_alias = "rmi")]
+    Rm {
+        #[arg(required = true)]
+        references: Vec<String>,
+    },
 }
 
 #[derive(Debug, clap::Args)]

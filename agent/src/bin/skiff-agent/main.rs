@@ -1,6 +1,7 @@
 //! skiff-agent: thin binary over the `skiff_agent` library.
 
 mod cli;
+mod images;
 mod install;
 mod join;
 mod pods;
@@ -40,6 +41,10 @@ fn main() -> Result<()> {
             ))?;
             Ok(())
         }
+        Some(cli::Command::Images {
+            container_runtime_endpoint,
+            command,
+        }) => rt.block_on(images::run(&container_runtime_endpoint, command)),
         Some(cli::Command::Join(args)) => {
             init_logging();
             rt.block_on(join::run(args))
