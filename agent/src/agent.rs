@@ -71,6 +71,7 @@ pub enum Error {
 /// Only start-up failures; once running, runtime outages are retried.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     config.image_gc.validate().map_err(Error::Config)?;
+    let eviction = crate::eviction::Settings::from_config(&config).map_err(Error::Config)?;
     if config.image_gc_period.is_zero() {
         return Err(Error::Config(
             "invalid configuration: imageGCPeriod must be greater than 0".into(),
@@ -180,6 +181,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .with_client(client.clone()),
         config: config.clone(),
         runtime: runtime.clone(),
+        pressure: Arc::new(crate::eviction::Pressure::default()),
         recorder,
         statuses: statuses.clone(),
         host_ip,
@@ -306,6 +308,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     let mut node_task = None;
     let shutting_down = Arc::new(crate::shutdown::ShuttingDown::default());
+    let node_recorder_for_eviction = node_recorder.clone();
     if let (Some(c), Some(recorder)) = (&client, node_recorder) {
         let probe = Arc::new(crate::shutdown::ReportShutdown {
             inner: Arc::new(CriProbe::new(runtime_for_node, Some(health.clone()))),
@@ -318,7 +321,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             probe,
             Some(recorder),
         )
-        .with_pod_cidr(pod_cidr_tx);
+        .with_pod_cidr(pod_cidr_tx)
+        .with_pressure(shared.pressure.clone());
         node_task = Some(tokio::spawn(node.run(stopped())));
         tokio::spawn(crate::volumes::reclaim::run(
             c.clone(),
@@ -344,12 +348,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             statics_tx,
         ));
     }
-    let mut manager = Manager::new(shared, &[]);
+    let (stops_tx, stops_rx) = mpsc::channel(2);
+    let evictions = crate::eviction::Manager::new(
+        shared.clone(),
+        eviction,
+        stops_tx.clone(),
+        node_recorder_for_eviction,
+    );
+    tokio::spawn(evictions.run(stopped()));
+    let mut manager = Manager::new(shared, &[]).with_stops(stops_rx);
     if !config.shutdown_grace_period.is_zero() {
         match crate::shutdown::logind::Logind::connect(config.shutdown_grace_period).await {
             Ok(logind) => {
-                let (tx, rx) = mpsc::channel(2);
-                manager = manager.with_node_shutdown(rx);
+                let tx = stops_tx.clone();
                 let m = crate::shutdown::ShutdownManager {
                     signals: logind,
                     periods: crate::shutdown::Periods {

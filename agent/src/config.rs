@@ -237,6 +237,26 @@ settings! {
         #[arg(long, value_parser = parse_duration)]
         #[serde(default, deserialize_with = "duration")]
         pub container_log_monitor_interval: Option<Duration>,
+        /// Hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%
+        /// (upstream's defaults; empty: none).
+        #[arg(long)]
+        pub eviction_hard: Option<SignalMap>,
+        /// Soft eviction thresholds, e.g. memory.available<1Gi (each with a grace period).
+        #[arg(long)]
+        pub eviction_soft: Option<SignalMap>,
+        /// How long each soft threshold must hold, e.g. memory.available=1m30s.
+        #[arg(long)]
+        pub eviction_soft_grace_period: Option<SignalMap>,
+        /// Reclaimed beyond a threshold before pressure ends, e.g. nodefs.available=500Mi.
+        #[arg(long)]
+        pub eviction_minimum_reclaim: Option<SignalMap>,
+        /// How long a pressure condition stays after its threshold is no longer met (5m).
+        #[arg(long, value_parser = parse_duration)]
+        #[serde(default, deserialize_with = "duration")]
+        pub eviction_pressure_transition_period: Option<Duration>,
+        /// Longest grace period (seconds) given to pods evicted for a soft threshold.
+        #[arg(long, allow_hyphen_values = true)]
+        pub eviction_max_pod_grace_period: Option<i64>,
         /// Image file system usage (percent) at which unused images are
         /// removed (85; 100: never by usage).
         #[arg(long = "image-gc-high-threshold")]
@@ -392,6 +412,22 @@ impl Settings {
                 }
             },
             image_gc_period: self.image_gc_period.unwrap_or(secs(300)),
+            eviction_hard: self
+                .eviction_hard
+                .map_or_else(crate::eviction::thresholds::default_hard, |m| m.0),
+            eviction_soft: self.eviction_soft.map(|m| m.0).unwrap_or_default(),
+            eviction_soft_grace_period: self
+                .eviction_soft_grace_period
+                .map(|m| m.0)
+                .unwrap_or_default(),
+            eviction_minimum_reclaim: self
+                .eviction_minimum_reclaim
+                .map(|m| m.0)
+                .unwrap_or_default(),
+            eviction_pressure_transition_period: self
+                .eviction_pressure_transition_period
+                .unwrap_or(secs(300)),
+            eviction_max_pod_grace_period: self.eviction_max_pod_grace_period.unwrap_or(0),
             proxy_mode: self.proxy_mode.unwrap_or(skiff_proxy::Mode::Nftables),
             proxy_min_sync_period: self
                 .proxy_min_sync_period
@@ -503,6 +539,14 @@ pub struct Config {
     pub image_gc_period: Duration,
     /// Archives here are imported into the runtime.
     pub image_import_dir: PathBuf,
+    /// Eviction thresholds by signal name (`evictionHard`...), parsed and
+    /// checked by [`crate::eviction::Settings::from_config`] at start.
+    pub eviction_hard: BTreeMap<String, String>,
+    pub eviction_soft: BTreeMap<String, String>,
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    pub eviction_minimum_reclaim: BTreeMap<String, String>,
+    pub eviction_pressure_transition_period: Duration,
+    pub eviction_max_pod_grace_period: i64,
     /// The service proxy: nftables (default), iptables or none.
     pub proxy_mode: skiff_proxy::Mode,
     /// Changes closer together than this share one proxy sync.
@@ -629,6 +673,28 @@ impl FromStr for LogMaxFiles {
             .parse()
             .map_err(|e| format!("invalid container log max files {s:?}: {e}"))?;
         check_log_max_files(n).map(LogMaxFiles)
+    }
+}
+
+/// Values by eviction signal: a YAML map, or on the command line
+/// `signal<value,...` (thresholds) or `signal=value,...` (grace periods,
+/// minimum reclaims); empty is none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct SignalMap(pub BTreeMap<String, String>);
+
+impl FromStr for SignalMap {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let mut out = BTreeMap::new();
+        for kv in s.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv
+                .split_once('<')
+                .or_else(|| kv.split_once('='))
+                .ok_or_else(|| format!("{kv:?} is not signal<value or signal=value"))?;
+            out.insert(k.trim().to_string(), v.trim().to_string());
+        }
+        Ok(SignalMap(out))
     }
 }
 
@@ -903,6 +969,37 @@ mod tests {
         assert_eq!(c.image_gc.min_age, Duration::from_secs(60));
         assert_eq!(c.image_gc.max_age, Duration::from_secs(3600));
         assert_eq!(c.image_gc_period, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn eviction_settings_from_flags_and_file() {
+        let c = Settings::default().resolve();
+        assert_eq!(c.eviction_hard, crate::eviction::thresholds::default_hard());
+        let s = crate::eviction::Settings::from_config(&c).unwrap();
+        assert_eq!(s.thresholds.len(), 5);
+        assert_eq!(s.pressure_transition_period, Duration::from_secs(300));
+        // Empty: no thresholds at all.
+        let none = flags(&["--eviction-hard="]).resolve();
+        assert!(none.eviction_hard.is_empty());
+        let f = file("evictionSoft:\n  memory.available: 1Gi\nevictionSoftGracePeriod:\n  memory.available: 1m30s\nevictionMinimumReclaim:\n  nodefs.available: 500Mi\n");
+        let c = flags(&[
+            "--eviction-hard",
+            "memory.available<200Mi,nodefs.available<5%",
+            "--eviction-pressure-transition-period",
+            "30s",
+        ])
+        .or(f)
+        .resolve();
+        let s = crate::eviction::Settings::from_config(&c).unwrap();
+        assert_eq!(s.thresholds.len(), 3);
+        let soft = s.thresholds.iter().find(|t| !t.is_hard()).unwrap();
+        assert_eq!(soft.grace_period, Duration::from_secs(90));
+        assert_eq!(s.pressure_transition_period, Duration::from_secs(30));
+        let bad = flags(&["--eviction-soft", "memory.available<1Gi"]).resolve();
+        assert!(crate::eviction::Settings::from_config(&bad)
+            .unwrap_err()
+            .contains("must have grace period"));
+        assert!("memory.available".parse::<SignalMap>().is_err());
     }
 
     #[test]

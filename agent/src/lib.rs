@@ -51,6 +51,8 @@ pub mod backoff;
 pub mod certs;
 pub mod config;
 pub mod events;
+pub mod eviction;
+pub mod halt;
 pub mod images;
 pub mod install;
 pub mod lifecycle;

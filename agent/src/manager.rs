@@ -38,9 +38,9 @@ pub struct Manager {
     /// Pods stopped because the API is deleting them, for the status
     /// manager to delete from the API. None when running standalone.
     deleted: Option<mpsc::UnboundedSender<Pod>>,
-    /// Graceful node shutdown's requests to stop pods; sender: the
-    /// shutdown manager. None when graceful shutdown is off.
-    node_shutdown: Option<mpsc::Receiver<crate::shutdown::NodeShutdown>>,
+    /// Requests to halt pods; senders: the shutdown manager (when
+    /// graceful shutdown is on) and the eviction manager.
+    stops: Option<mpsc::Receiver<crate::halt::StopPods>>,
 }
 
 impl Manager {
@@ -54,13 +54,13 @@ impl Manager {
             done_tx,
             done_rx,
             deleted: None,
-            node_shutdown: None,
+            stops: None,
         }
     }
 
-    /// Stop pods for a node shutdown when `rx` says so.
-    pub fn with_node_shutdown(mut self, rx: mpsc::Receiver<crate::shutdown::NodeShutdown>) -> Self {
-        self.node_shutdown = Some(rx);
+    /// Halt pods when `rx` says so.
+    pub fn with_stops(mut self, rx: mpsc::Receiver<crate::halt::StopPods>) -> Self {
+        self.stops = Some(rx);
         self
     }
 
@@ -97,16 +97,16 @@ impl Manager {
     ) {
         tokio::pin!(shutdown);
         let mut housekeeping = tokio::time::interval(Duration::from_secs(60));
-        let mut node_shutdown = self.node_shutdown.take();
+        let mut stops = self.stops.take();
         loop {
-            let next_node_shutdown = async {
-                match node_shutdown.as_mut() {
+            let next_stop = async {
+                match stops.as_mut() {
                     Some(rx) => rx.recv().await,
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
-                Some(cmd) = next_node_shutdown => self.stop_for_node_shutdown(cmd),
+                Some(cmd) = next_stop => self.halt(cmd),
                 Some(update) = sources.recv() => self.apply(update),
                 Some(relist) = relists.recv() => self.on_relist(relist),
                 Some(uid) = wakes.recv() => self.wake(&uid),
@@ -230,14 +230,15 @@ impl Manager {
         }
     }
 
-    /// Tell each pod's worker to stop it for the node's shutdown; the
-    /// request's `done` fires once all have.
-    fn stop_for_node_shutdown(&self, cmd: crate::shutdown::NodeShutdown) {
+    /// Tell each pod's worker to halt it; the request's `done` fires once
+    /// all have.
+    fn halt(&self, cmd: crate::halt::StopPods) {
         let mut stopped = Vec::new();
         for (uid, grace) in cmd.pods {
             if let Some(h) = self.workers.get(&uid) {
                 let (done, rx) = tokio::sync::oneshot::channel();
-                if h.tx.send(Msg::Shutdown { grace, done }).is_ok() {
+                let halt = cmd.halt.clone();
+                if h.tx.send(Msg::Halt { grace, halt, done }).is_ok() {
                     stopped.push(rx);
                 }
             }

@@ -19,6 +19,9 @@ pub struct Shared {
     /// Shared with the PLEG, which prunes its caches on every relist.
     pub runtime: Arc<Runtime>,
     pub recorder: Box<dyn Recorder>,
+    /// The node conditions under pressure (sender: the eviction manager;
+    /// readers: node status and pod admission).
+    pub pressure: Arc<crate::eviction::Pressure>,
     pub statuses: Arc<StatusStore>,
     /// CrashLoopBackOff delays, keyed `uid/container`.
     pub crash_backoff: Mutex<Backoff>,

@@ -34,10 +34,12 @@ pub enum Msg {
     Sync,
     /// Stop and remove the pod; `None` grace: the pod's own.
     Terminate { grace: Option<i64> },
-    /// The node shuts down: stop the pod within `grace` seconds, report it
-    /// Failed, never start it again; `done` fires once it is stopped.
-    Shutdown {
+    /// Halt the pod (node shutdown, eviction): stop it within `grace`
+    /// seconds, report it Failed as `halt` says, never start it again;
+    /// `done` fires once it is stopped.
+    Halt {
         grace: i64,
+        halt: crate::halt::Halt,
         done: tokio::sync::oneshot::Sender<()>,
     },
 }
@@ -71,8 +73,13 @@ pub async fn run(
         first_seen: Some(Instant::now()),
     };
     let mut terminate: Option<Option<i64>> = None;
-    // Node shutdown: the grace and who waits; `halted` once stopped.
-    let mut shutdown: Option<(i64, Option<tokio::sync::oneshot::Sender<()>>)> = None;
+    // A halt (node shutdown, eviction): the grace, why, and who waits;
+    // `halted` once stopped.
+    let mut halting: Option<(
+        i64,
+        crate::halt::Halt,
+        Option<tokio::sync::oneshot::Sender<()>>,
+    )> = None;
     let mut halted = false;
     let mut next = Instant::now();
     let mut error_delay = Duration::from_millis(500);
@@ -84,7 +91,7 @@ pub async fn run(
                     Msg::Update(p) => pod = Some(*p),
                     Msg::Sync => {}
                     Msg::Terminate { grace } => terminate = Some(grace),
-                    Msg::Shutdown { grace, done } => shutdown = Some((grace, Some(done))),
+                    Msg::Halt { grace, halt, done } => halting = Some((grace, halt, Some(done))),
                 };
                 handle(msg);
                 while let Ok(m) = rx.try_recv() {
@@ -102,9 +109,12 @@ pub async fn run(
                 Err(e) => Err(e),
             },
             (None, Some(_)) if halted => Ok(None),
-            (None, Some(p)) if shutdown.is_some() => {
-                let grace = shutdown.as_ref().map_or(0, |(g, _)| *g);
-                let r = stop_for_shutdown(&shared, p, grace, &mut st).await;
+            (None, Some(p)) if halting.is_some() => {
+                let (grace, halt) = halting
+                    .as_ref()
+                    .map(|(g, h, _)| (*g, h.clone()))
+                    .unwrap_or((0, crate::shutdown::halt()));
+                let r = halt_pod(&shared, p, grace, &halt, &mut st).await;
                 if r.is_ok() {
                     halted = true;
                 }
@@ -114,7 +124,7 @@ pub async fn run(
             (None, None) => Ok(None),
         };
         if halted || pod.is_none() {
-            if let Some(done) = shutdown.as_mut().and_then(|(_, d)| d.take()) {
+            if let Some(done) = halting.as_mut().and_then(|(_, _, d)| d.take()) {
                 let _ = done.send(());
             }
         }
@@ -431,13 +441,14 @@ async fn teardown(
     Ok(())
 }
 
-/// Stop the pod for the node's shutdown (preStop hooks, then containers
-/// and sandboxes within `grace`), and report it Failed: it stays in the
-/// runtime and the API as a finished pod, as the kubelet leaves it.
-async fn stop_for_shutdown(
+/// Halt the pod (preStop hooks, then containers and sandboxes within
+/// `grace`), and report it Failed as `halt` says: it stays in the runtime
+/// and the API as a finished pod, as the kubelet leaves it.
+async fn halt_pod(
     shared: &Shared,
     pod: &Pod,
     grace: i64,
+    halt: &crate::halt::Halt,
     st: &mut PodState,
 ) -> Result<(), cri_proto::Error> {
     shared.prober.remove_pod(pod.uid());
@@ -450,14 +461,17 @@ async fn stop_for_shutdown(
     for s in &rt.sandboxes {
         shared.runtime.stop_sandbox(&s.id).await?;
     }
+    // A finished pod's volumes go, as the kubelet's volume manager drops
+    // terminated pods: an evicted pod's emptyDir is what frees the disk.
+    teardown_volumes(shared, pod.uid(), Some(pod)).await;
     let rt = shared.runtime.observe_pod(pod.uid()).await?;
     report(shared, pod, &rt, st);
     if let Some(mut status) = st.previous.clone() {
-        crate::shutdown::mark_terminated(&mut status);
+        crate::halt::mark_failed(&mut status, halt);
         shared.statuses.set(pod, status.clone());
         st.previous = Some(status);
     }
-    tracing::info!(pod = %pod.key(), grace, "pod stopped for the node's shutdown");
+    tracing::info!(pod = %pod.key(), grace, reason = halt.reason, "pod halted: {}", halt.message);
     Ok(())
 }
 

@@ -141,9 +141,39 @@ pub fn value(s: &str) -> Result<i64> {
     to_i64(s, scaled(s, 0)?)
 }
 
+/// `bytes` as upstream prints a `resource.NewQuantity(n, BinarySI)`: the
+/// largest binary suffix that divides it exactly (`52Mi`, `1207Ki`),
+/// else the plain number.
+pub fn binary_si(bytes: u64) -> String {
+    const SUFFIXES: [(&str, u32); 6] = [
+        ("Ei", 60),
+        ("Pi", 50),
+        ("Ti", 40),
+        ("Gi", 30),
+        ("Mi", 20),
+        ("Ki", 10),
+    ];
+    for (suffix, shift) in SUFFIXES {
+        let unit = 1u64 << shift;
+        if bytes >= unit && bytes.is_multiple_of(unit) {
+            return format!("{}{suffix}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_si_as_upstream_prints_it() {
+        assert_eq!(binary_si(0), "0");
+        assert_eq!(binary_si(100 * 1024 * 1024), "100Mi");
+        assert_eq!(binary_si(1207 * 1024), "1207Ki");
+        assert_eq!(binary_si(1_234_567), "1234567");
+        assert_eq!(binary_si(1 << 30), "1Gi");
+    }
 
     #[test]
     fn cpu_forms() {

@@ -144,6 +144,8 @@ impl Agent {
         // wins): a test machine's disk may well be over 85 % full, and the
         // side-loaded images have no registry to come back from.
         args.push("--image-gc-high-threshold=100".into());
+        // No eviction thresholds either, for the same disk.
+        args.push("--eviction-hard=".into());
         args.extend(opts.extra_args);
         let mut agent = Agent {
             child: None,

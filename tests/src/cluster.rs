@@ -292,8 +292,10 @@ impl Cluster {
             format!("--node-ip={}", ns.ip),
             format!("--resolv-conf={}", resolv_conf.display()),
             // Side-loaded images have no registry to come back from, and
-            // the machine's disk may be over 85 % full: no image GC.
+            // the machine's disk may be over 85 % full: no image GC, and
+            // no eviction thresholds.
             "--image-gc-high-threshold=100".into(),
+            "--eviction-hard=".into(),
         ];
         if !opts.labels.is_empty() {
             let labels: Vec<String> = opts

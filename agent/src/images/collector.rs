@@ -133,6 +133,28 @@ impl Collector {
         Ok(())
     }
 
+    /// Remove every unused image past the minimum age (the eviction
+    /// manager's first resort under disk pressure, upstream's
+    /// `DeleteUnusedImages`); the bytes freed.
+    ///
+    /// # Errors
+    /// The runtime could not list images or containers.
+    pub async fn delete_unused(&mut self) -> Result<u64, Error> {
+        let (images, in_use) = self.observe().await?;
+        let now = Instant::now();
+        self.records.detect(now, &images, &in_use);
+        let candidates = self.records.eviction_order(&in_use);
+        let chosen = self
+            .records
+            .to_free(&candidates, u64::MAX, &self.policy, now);
+        let removed = self.remove(&chosen).await;
+        Ok(chosen
+            .iter()
+            .filter(|c| removed.contains(&c.id))
+            .map(|c| c.size)
+            .sum())
+    }
+
     /// The runtime's images (the sandbox image counted as pinned) and the
     /// IDs of the images some container, running or exited, uses.
     async fn observe(&self) -> Result<(Vec<Image>, HashSet<String>), Error> {

@@ -161,6 +161,7 @@ pub struct NodeAgent {
     probe: Arc<dyn RuntimeProbe>,
     recorder: Option<ApiRecorder>,
     pod_cidr: watch::Sender<Option<String>>,
+    pressure: Option<Arc<crate::eviction::Pressure>>,
 }
 
 impl NodeAgent {
@@ -181,7 +182,14 @@ impl NodeAgent {
             probe,
             recorder,
             pod_cidr,
+            pressure: None,
         }
+    }
+
+    /// Report the eviction manager's pressure conditions.
+    pub fn with_pressure(mut self, pressure: Arc<crate::eviction::Pressure>) -> NodeAgent {
+        self.pressure = Some(pressure);
+        self
     }
 
     /// The node's pod CIDR as it becomes known: `--pod-cidr` at once,
@@ -235,6 +243,7 @@ impl NodeAgent {
                 pod_cidr: self.pod_cidr,
                 node_uid: uid_tx,
             },
+            pressure: self.pressure,
             cidr_warned: AtomicBool::new(false),
         };
         tasks.push(tokio::spawn(node_loop.run(stop.clone())));

@@ -51,6 +51,8 @@ pub struct Reporter {
     last_report: Option<Instant>,
     report_every: Duration,
     ready: bool,
+    /// The eviction manager's pressure conditions; None: never any.
+    pressure: Option<Arc<crate::eviction::Pressure>>,
 }
 
 impl Reporter {
@@ -68,7 +70,14 @@ impl Reporter {
             last_report: None,
             report_every,
             ready: false,
+            pressure: None,
         }
+    }
+
+    /// Report the pressure conditions `pressure` holds.
+    pub fn with_pressure(mut self, pressure: Option<Arc<crate::eviction::Pressure>>) -> Reporter {
+        self.pressure = pressure;
+        self
     }
 
     /// Whether the last computed status was Ready.
@@ -95,6 +104,9 @@ impl Reporter {
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
         if let Some(c) = status.conditions.as_mut() {
+            if let Some(p) = &self.pressure {
+                p.apply(c);
+            }
             conditions::stamp(&previous, c, &Time(jiff::Timestamp::now()));
         }
         status
@@ -192,6 +204,7 @@ pub struct NodeLoop {
     pub probe: Arc<dyn RuntimeProbe>,
     pub recorder: Option<ApiRecorder>,
     pub outputs: Outputs,
+    pub pressure: Option<Arc<crate::eviction::Pressure>>,
     /// Set once the `--pod-cidr` / `spec.podCIDR` mismatch was logged.
     pub cidr_warned: AtomicBool,
 }
@@ -209,7 +222,8 @@ impl NodeLoop {
             self.facts.clone(),
             self.probe.clone(),
             self.config.node_status_report_frequency,
-        );
+        )
+        .with_pressure(self.pressure.clone());
         let labels = owned_labels(&self.config, &self.facts);
         let mut known: Option<Node> = None;
         // Without --register-node the loop only reports on a Node that

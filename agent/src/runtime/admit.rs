@@ -159,7 +159,11 @@ pub fn reject_if_refused(
         allowed_unsafe_sysctls: &shared.config.allowed_unsafe_sysctls,
         apparmor: host_apparmor_enabled(),
     };
-    let r = admit(pod, &node).err()?;
+    let evicting = shared.pressure.refuses(pod).map(|message| Rejection {
+        reason: crate::eviction::REASON,
+        message,
+    });
+    let r = evicting.or_else(|| admit(pod, &node).err())?;
     let status = rejected_status(pod, &r);
     let known = previous.is_some_and(|p| p.reason == status.reason);
     if !known {

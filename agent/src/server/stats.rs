@@ -25,6 +25,7 @@ use serde::Serialize;
 use super::readonly::ServerState;
 use crate::pod::PodExt;
 use crate::runtime::sandbox::pod_log_dir;
+use crate::shared::Shared;
 
 pub fn routes(state: ServerState) -> Router {
     Router::new()
@@ -45,7 +46,7 @@ async fn metrics() -> Response {
 }
 
 async fn summary(State(s): State<ServerState>) -> Response {
-    match collect(&s).await {
+    match collect(&s.shared).await {
         Ok(summary) => Json(summary).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -188,9 +189,14 @@ fn ns_time(ns: i64) -> String {
     time(Timestamp::from_nanosecond(ns as i128).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-async fn collect(s: &ServerState) -> Result<Summary, cri_proto::Error> {
-    let cri = &s.shared.runtime.cri;
-    let config = &s.shared.config;
+/// The node's and its pods' figures now: the summary API's, and what the
+/// eviction manager decides on.
+///
+/// # Errors
+/// The runtime's container stats could not be listed.
+pub async fn collect(shared: &Shared) -> Result<Summary, cri_proto::Error> {
+    let cri = &shared.runtime.cri;
+    let config = &shared.config;
     let (containers, sandboxes, image_fs) = tokio::join!(
         cri.list_container_stats(v1::ListContainerStatsRequest::default()),
         cri.list_pod_sandbox_stats(v1::ListPodSandboxStatsRequest::default()),
@@ -207,7 +213,7 @@ async fn collect(s: &ServerState) -> Result<Summary, cri_proto::Error> {
     let image_fs = image_fs
         .ok()
         .and_then(|r| r.image_filesystems.into_iter().next());
-    let pods = s.shared.statuses.list();
+    let pods = shared.statuses.list();
     let root = config.root_dir.clone();
     let log_root = config.pod_log_dir.clone();
     // statvfs, /proc and the log directories: blocking file system work.

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tokio::sync::{mpsc, oneshot};
 
@@ -121,32 +121,12 @@ pub fn phases(pods: &[Pod], p: Periods) -> Vec<Phase> {
     out
 }
 
-/// A stopped pod's final status: `Failed`, reason `Terminated`, with a
-/// `DisruptionTarget` condition (upstream's wording).
-pub fn mark_terminated(status: &mut PodStatus) {
-    status.phase = Some("Failed".into());
-    status.reason = Some(REASON.into());
-    status.message = Some(MESSAGE.into());
-    let conds = status.conditions.get_or_insert_with(Vec::new);
-    conds.retain(|c| c.type_ != "DisruptionTarget");
-    conds.push(PodCondition {
-        type_: "DisruptionTarget".into(),
-        status: "True".into(),
-        reason: Some("TerminationByKubelet".into()),
-        message: Some(MESSAGE.into()),
-        last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            jiff::Timestamp::now(),
-        )),
-        ..Default::default()
-    });
-}
-
-/// A request to the pod manager: stop these pods (uid, grace seconds) for
-/// shutdown; `done` fires when every one has stopped.
-#[derive(Debug)]
-pub struct NodeShutdown {
-    pub pods: Vec<(String, i64)>,
-    pub done: oneshot::Sender<()>,
+/// What a pod stopped for the node's shutdown reports.
+pub fn halt() -> crate::halt::Halt {
+    crate::halt::Halt {
+        reason: REASON,
+        message: MESSAGE.into(),
+    }
 }
 
 /// Whether the node is shutting down (read by node status).
@@ -191,7 +171,7 @@ pub struct ShutdownManager<S: Signals> {
     pub periods: Periods,
     pub statuses: Arc<StatusStore>,
     /// Receiver: the pod manager.
-    pub commands: mpsc::Sender<NodeShutdown>,
+    pub commands: mpsc::Sender<crate::halt::StopPods>,
     /// To see the final statuses in the API; None standalone.
     pub client: Option<kube::Client>,
     pub shutting_down: Arc<ShuttingDown>,
@@ -242,8 +222,9 @@ impl<S: Signals> ShutdownManager<S> {
         );
         for phase in &phases {
             let (done, finished) = oneshot::channel();
-            let cmd = NodeShutdown {
+            let cmd = crate::halt::StopPods {
                 pods: phase.pods.iter().map(|(u, _, g)| (u.clone(), *g)).collect(),
+                halt: halt(),
                 done,
             };
             if self.commands.send(cmd).await.is_err() {
@@ -363,24 +344,5 @@ mod tests {
         );
         assert_eq!(all_critical[0].period, Duration::ZERO);
         assert_eq!(all_critical[1].period, Duration::from_secs(5));
-    }
-
-    #[test]
-    fn stopped_pods_are_failed_with_a_disruption_target() {
-        let mut s = PodStatus {
-            phase: Some("Running".into()),
-            ..Default::default()
-        };
-        mark_terminated(&mut s);
-        mark_terminated(&mut s);
-        assert_eq!(s.phase.as_deref(), Some("Failed"));
-        assert_eq!(s.reason.as_deref(), Some("Terminated"));
-        let dt: Vec<&PodCondition> = s
-            .conditions
-            .iter()
-            .flatten()
-            .filter(|c| c.type_ == "DisruptionTarget")
-            .collect();
-        assert_eq!(dt.len(), 1);
     }
 }

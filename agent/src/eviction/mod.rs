@@ -1,0 +1,490 @@
+//! The eviction manager, as the kubelet's (`pkg/kubelet/eviction`): every
+//! monitoring period it reads the node's signals (memory, the node and
+//! image file systems, PIDs) from the same figures as the summary API,
+//! reports MemoryPressure / DiskPressure / PIDPressure while a threshold
+//! is met (and for the transition period after), reclaims unused images
+//! first under disk pressure, then evicts one pod: Failed, reason
+//! `Evicted`, with the message naming the signal. Pods over their local
+//! storage limits are evicted whatever the pressure. While under
+//! pressure, admission refuses new pods as upstream's `Admit` does.
+
+pub mod local_storage;
+pub mod rank;
+pub mod thresholds;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{NodeCondition, Pod};
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::events::{ApiRecorder, WARNING};
+use crate::halt::{Halt, StopPods};
+use crate::pod::PodExt;
+use crate::server::stats::Summary;
+use crate::shared::Shared;
+use rank::{ContainerUsage, PodUsage};
+use thresholds::{Observation, Signal, Threshold};
+
+/// How often signals are read (the kubelet's fixed 10 s).
+const MONITORING_PERIOD: Duration = Duration::from_secs(10);
+/// How long an evicted pod may take to stop before the next round.
+const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upstream's grace for pods evicted for a hard threshold.
+const IMMEDIATE_GRACE_SECONDS: i64 = 1;
+/// Reason of evicted pods' status and events.
+pub const REASON: &str = "Evicted";
+
+/// The eviction settings, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub thresholds: Vec<Threshold>,
+    pub pressure_transition_period: Duration,
+    pub max_pod_grace_period: i64,
+}
+
+impl Settings {
+    /// # Errors
+    /// A bad threshold, grace period or minimum reclaim, in the kubelet's
+    /// words.
+    pub fn from_config(c: &Config) -> Result<Settings, String> {
+        let mut grace = BTreeMap::new();
+        for (k, v) in &c.eviction_soft_grace_period {
+            let d = crate::config::parse_duration(v)
+                .map_err(|e| format!("invalid eviction soft grace period for {k}: {e}"))?;
+            grace.insert(k.clone(), d);
+        }
+        Ok(Settings {
+            thresholds: thresholds::parse(
+                &c.eviction_hard,
+                &c.eviction_soft,
+                &grace,
+                &c.eviction_minimum_reclaim,
+            )?,
+            pressure_transition_period: c.eviction_pressure_transition_period,
+            max_pod_grace_period: c.eviction_max_pod_grace_period,
+        })
+    }
+}
+
+/// The node conditions under pressure now, shared with node status and
+/// admission.
+#[derive(Debug, Default)]
+pub struct Pressure(RwLock<Vec<&'static str>>);
+
+impl Pressure {
+    pub fn conditions(&self) -> Vec<&'static str> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, conditions: Vec<&'static str>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = conditions;
+    }
+
+    /// Set the pressure conditions among `conditions` (the node status's,
+    /// all False by default) True, in the kubelet's words.
+    pub fn apply(&self, conditions: &mut [NodeCondition]) {
+        let under = self.conditions();
+        for c in conditions.iter_mut() {
+            if !under.contains(&c.type_.as_str()) {
+                continue;
+            }
+            let (reason, message) = match c.type_.as_str() {
+                "MemoryPressure" => (
+                    "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available",
+                ),
+                "DiskPressure" => ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+                "PIDPressure" => (
+                    "KubeletHasInsufficientPID",
+                    "kubelet has insufficient PID available",
+                ),
+                _ => continue,
+            };
+            c.status = "True".into();
+            c.reason = Some(reason.into());
+            c.message = Some(message.into());
+        }
+    }
+
+    /// Upstream's eviction admission: under pressure only critical pods
+    /// are admitted, and under memory pressure alone also pods that are
+    /// not BestEffort or that tolerate the memory-pressure taint. The
+    /// refusal's message when refused.
+    pub fn refuses(&self, pod: &Pod) -> Option<String> {
+        let under = self.conditions();
+        if under.is_empty() || crate::shutdown::is_critical(pod) {
+            return None;
+        }
+        if under == ["MemoryPressure"] {
+            let best_effort =
+                kube_util::qos::qos_class(pod) == kube_util::qos::QosClass::BestEffort;
+            let tolerations = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.tolerations.clone())
+                .unwrap_or_default();
+            let taint = k8s_openapi::api::core::v1::Taint {
+                key: "node.kubernetes.io/memory-pressure".into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            };
+            if !best_effort || kube_util::taints::tolerated(&tolerations, &taint) {
+                return None;
+            }
+        }
+        Some(format!("The node had condition: [{}]. ", under.join(", ")))
+    }
+}
+
+/// The node's signals from a stats summary.
+pub fn observe(summary: &Summary) -> HashMap<Signal, Observation> {
+    let mut out = HashMap::new();
+    let node = &summary.node;
+    if let Some(m) = &node.memory {
+        if let (Some(available), Some(working_set)) = (m.available_bytes, m.working_set_bytes) {
+            out.insert(
+                Signal::MemoryAvailable,
+                Observation {
+                    available,
+                    capacity: available + working_set,
+                },
+            );
+        }
+    }
+    let mut fs = |bytes: Signal, inodes: Signal, f: Option<&crate::server::stats::FsStats>| {
+        let Some(f) = f else { return };
+        if let (Some(available), Some(capacity)) = (f.available_bytes, f.capacity_bytes) {
+            out.insert(
+                bytes,
+                Observation {
+                    available,
+                    capacity,
+                },
+            );
+        }
+        if let (Some(available), Some(capacity)) = (f.inodes_free, f.inodes) {
+            out.insert(
+                inodes,
+                Observation {
+                    available,
+                    capacity,
+                },
+            );
+        }
+    };
+    fs(
+        Signal::NodeFsAvailable,
+        Signal::NodeFsInodesFree,
+        node.fs.as_ref(),
+    );
+    fs(
+        Signal::ImageFsAvailable,
+        Signal::ImageFsInodesFree,
+        node.runtime.as_ref().and_then(|r| r.image_fs.as_ref()),
+    );
+    if let Some(r) = &node.rlimit {
+        if let (Some(max), Some(cur)) = (r.maxpid, r.curproc) {
+            out.insert(
+                Signal::PidAvailable,
+                Observation {
+                    available: max.saturating_sub(cur),
+                    capacity: max,
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Signals in the order their pressure is relieved (memory first, as
+/// upstream's `byEvictionPriority`).
+fn priority(t: &Threshold) -> u8 {
+    match t.signal {
+        Signal::MemoryAvailable => 0,
+        Signal::NodeFsAvailable | Signal::ImageFsAvailable => 1,
+        Signal::NodeFsInodesFree | Signal::ImageFsInodesFree => 2,
+        Signal::PidAvailable => 3,
+    }
+}
+
+/// The manager's loop and what it remembers between rounds.
+pub struct Manager {
+    shared: Arc<Shared>,
+    settings: Settings,
+    stops: mpsc::Sender<StopPods>,
+    recorder: Option<ApiRecorder>,
+    /// When each threshold (by signal and grace) was first seen met.
+    first_observed: HashMap<(Signal, Duration), Instant>,
+    /// When each pressure condition was last seen.
+    condition_last_observed: HashMap<&'static str, Instant>,
+    /// The thresholds met last round: they stay met until their minimum
+    /// reclaim is back.
+    met_last: Vec<Threshold>,
+    /// Removes unused images under disk pressure.
+    images: crate::images::collector::Collector,
+}
+
+impl Manager {
+    pub fn new(
+        shared: Arc<Shared>,
+        settings: Settings,
+        stops: mpsc::Sender<StopPods>,
+        recorder: Option<ApiRecorder>,
+    ) -> Manager {
+        let images = crate::images::collector::Collector::new(
+            shared.runtime.cri.clone(),
+            shared.config.image_gc,
+            shared.config.image_gc_period,
+            None,
+        );
+        Manager {
+            shared,
+            settings,
+            stops,
+            recorder,
+            first_observed: HashMap::new(),
+            condition_last_observed: HashMap::new(),
+            met_last: Vec::new(),
+            images,
+        }
+    }
+
+    /// Check every monitoring period until `shutdown`.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tracing::info!(thresholds = ?self.settings.thresholds, "eviction manager");
+        let mut tick = tokio::time::interval(MONITORING_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = &mut shutdown => return,
+            }
+            if let Err(e) = self.synchronize().await {
+                tracing::warn!("eviction manager: cannot read node stats: {e}");
+            }
+        }
+    }
+
+    fn node_event(&self, reason: &str, message: &str) {
+        match &self.recorder {
+            Some(r) => r.node_event(WARNING, reason, message),
+            None => tracing::warn!(reason, "{message}"),
+        }
+    }
+
+    /// One round (upstream `synchronize`).
+    async fn synchronize(&mut self) -> Result<(), cri_proto::Error> {
+        let summary = crate::server::stats::collect(&self.shared).await?;
+        let active: Vec<Pod> = self
+            .shared
+            .statuses
+            .list()
+            .into_iter()
+            .filter(|p| !p.is_terminal())
+            .collect();
+        let usage = self.usage(&summary, &active).await;
+        if self.local_storage_eviction(&usage).await {
+            return Ok(());
+        }
+        let observed = observe(&summary);
+        let now = Instant::now();
+        let mut met = thresholds::met(&self.settings.thresholds, &observed, false);
+        for t in thresholds::met(&self.met_last, &observed, true) {
+            if !met.contains(&t) {
+                met.push(t);
+            }
+        }
+        let keys: HashSet<(Signal, Duration)> =
+            met.iter().map(|t| (t.signal, t.grace_period)).collect();
+        self.first_observed.retain(|k, _| keys.contains(k));
+        for k in &keys {
+            self.first_observed.entry(*k).or_insert(now);
+        }
+        let met: Vec<Threshold> = met
+            .into_iter()
+            .filter(|t| {
+                self.first_observed
+                    .get(&(t.signal, t.grace_period))
+                    .is_some_and(|first| now.duration_since(*first) >= t.grace_period)
+            })
+            .collect();
+        for t in &met {
+            self.condition_last_observed
+                .insert(t.signal.condition(), now);
+        }
+        let period = self.settings.pressure_transition_period;
+        self.condition_last_observed
+            .retain(|_, seen| now.duration_since(*seen) < period);
+        let mut conditions: Vec<&'static str> = ["MemoryPressure", "DiskPressure", "PIDPressure"]
+            .into_iter()
+            .filter(|c| self.condition_last_observed.contains_key(c))
+            .collect();
+        conditions.sort_unstable();
+        if conditions != self.shared.pressure.conditions() {
+            tracing::info!(?conditions, "node pressure conditions changed");
+        }
+        self.shared.pressure.set(conditions);
+        self.met_last = met.clone();
+        let Some(threshold) = met.iter().min_by_key(|t| priority(t)).cloned() else {
+            return Ok(());
+        };
+        let resource = threshold.signal.resource();
+        self.node_event(
+            "EvictionThresholdMet",
+            &format!("Attempting to reclaim {resource}"),
+        );
+        if self.reclaim_node_level(&threshold).await {
+            return Ok(());
+        }
+        let Some(o) = observed.get(&threshold.signal).copied() else {
+            return Ok(());
+        };
+        let mut candidates: Vec<PodUsage> = usage
+            .into_iter()
+            .filter(|u| !crate::shutdown::is_critical(&u.pod))
+            .collect();
+        rank::rank(threshold.signal, &mut candidates);
+        let Some(victim) = candidates.first() else {
+            tracing::warn!(
+                signal = threshold.signal.name(),
+                "eviction manager: no pod to evict (only critical pods run)"
+            );
+            return Ok(());
+        };
+        let message = rank::message(
+            threshold.signal,
+            threshold.value.amount(o.capacity),
+            o.available,
+            victim,
+        );
+        let grace = if threshold.is_hard() {
+            IMMEDIATE_GRACE_SECONDS
+        } else {
+            let own = victim
+                .pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30);
+            own.min(self.settings.max_pod_grace_period)
+        };
+        self.evict(&victim.pod, grace, message).await;
+        Ok(())
+    }
+
+    /// Each running pod's use of memory and storage.
+    async fn usage(&self, summary: &Summary, pods: &[Pod]) -> Vec<PodUsage> {
+        let volumes: Vec<(Pod, std::path::PathBuf)> = pods
+            .iter()
+            .map(|p| (p.clone(), self.shared.volumes.volumes_dir(p.uid())))
+            .collect();
+        let dirs: HashMap<String, Vec<(String, String, u64)>> =
+            tokio::task::spawn_blocking(move || {
+                volumes
+                    .iter()
+                    .map(|(p, dir)| (p.uid().to_string(), local_storage::empty_dir_usage(dir, p)))
+                    .collect()
+            })
+            .await
+            .unwrap_or_default();
+        pods.iter()
+            .map(|p| {
+                let stats = summary.pods.iter().find(|s| s.pod_ref.uid == p.uid());
+                let containers: Vec<ContainerUsage> = stats
+                    .map(|s| {
+                        s.containers
+                            .iter()
+                            .map(|c| ContainerUsage {
+                                name: c.name.clone(),
+                                memory: c
+                                    .memory
+                                    .as_ref()
+                                    .and_then(|m| m.working_set_bytes)
+                                    .unwrap_or(0),
+                                storage: [c.rootfs.as_ref(), c.logs.as_ref()]
+                                    .into_iter()
+                                    .flatten()
+                                    .filter_map(|f| f.used_bytes)
+                                    .sum(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let empty_dirs = dirs.get(p.uid()).cloned().unwrap_or_default();
+                let empty_dir_bytes: u64 = empty_dirs.iter().map(|(_, _, u)| u).sum();
+                PodUsage {
+                    pod: p.clone(),
+                    memory: stats
+                        .and_then(|s| s.memory.as_ref())
+                        .and_then(|m| m.working_set_bytes)
+                        .unwrap_or(0),
+                    storage: containers.iter().map(|c| c.storage).sum::<u64>() + empty_dir_bytes,
+                    containers,
+                    empty_dirs,
+                }
+            })
+            .collect()
+    }
+
+    /// Evict the pods over their storage limits; whether any was.
+    async fn local_storage_eviction(&self, usage: &[PodUsage]) -> bool {
+        let mut evicted = false;
+        for u in usage {
+            if crate::shutdown::is_critical(&u.pod) {
+                continue;
+            }
+            if let Some(message) = local_storage::violation(&u.pod, &u.containers, &u.empty_dirs) {
+                self.evict(&u.pod, 0, message).await;
+                evicted = true;
+            }
+        }
+        evicted
+    }
+
+    /// Under disk pressure, remove unused images first; whether that
+    /// relieved the threshold (minimum reclaim included).
+    async fn reclaim_node_level(&mut self, threshold: &Threshold) -> bool {
+        if threshold.signal.condition() != "DiskPressure" {
+            return false;
+        }
+        match self.images.delete_unused().await {
+            Ok(freed) => tracing::info!(freed, "eviction manager: removed unused images"),
+            Err(e) => tracing::warn!("eviction manager: removing unused images failed: {e}"),
+        }
+        let Ok(summary) = crate::server::stats::collect(&self.shared).await else {
+            return false;
+        };
+        let observed = observe(&summary);
+        thresholds::met(std::slice::from_ref(threshold), &observed, true).is_empty()
+    }
+
+    /// Halt `pod` as evicted: its status and a Warning event say why; wait
+    /// until it stopped (or the clean-up timeout passed).
+    async fn evict(&self, pod: &Pod, grace: i64, message: String) {
+        tracing::info!(pod = %pod.key(), grace, "evicting pod: {message}");
+        self.shared.recorder.event(pod, WARNING, REASON, &message);
+        let (done, stopped) = tokio::sync::oneshot::channel();
+        let cmd = StopPods {
+            pods: vec![(pod.uid().to_string(), grace)],
+            halt: Halt {
+                reason: REASON,
+                message,
+            },
+            done,
+        };
+        if self.stops.send(cmd).await.is_err() {
+            return;
+        }
+        if tokio::time::timeout(POD_CLEANUP_TIMEOUT, stopped)
+            .await
+            .is_err()
+        {
+            tracing::warn!(pod = %pod.key(), "evicted pod did not stop within {POD_CLEANUP_TIMEOUT:?}");
+        }
+    }
+}
