@@ -13,6 +13,15 @@ use super::rank::ContainerUsage;
 /// The volumes directory's plugin directory of emptyDirs.
 const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
 
+/// A disk-backed emptyDir's use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmptyDirUsage {
+    pub name: String,
+    /// `sizeLimit` as written.
+    pub limit: Option<String>,
+    pub used: u64,
+}
+
 /// Bytes of `quantity`, when it parses.
 fn bytes(quantity: &str) -> Option<u64> {
     kube_util::quantity::value(quantity)
@@ -20,9 +29,9 @@ fn bytes(quantity: &str) -> Option<u64> {
         .map(|v| v.max(0) as u64)
 }
 
-/// The disk-backed emptyDirs of `pod` with a size limit: name, limit as
-/// written, and the bytes used under `volumes_dir` (blocking: walks them).
-pub fn empty_dir_usage(volumes_dir: &Path, pod: &Pod) -> Vec<(String, String, u64)> {
+/// The disk-backed emptyDirs of `pod`: name, size limit as written (if
+/// any), and the bytes used under `volumes_dir` (blocking: walks them).
+pub fn empty_dir_usage(volumes_dir: &Path, pod: &Pod) -> Vec<EmptyDirUsage> {
     let volumes = pod
         .spec
         .as_ref()
@@ -37,9 +46,11 @@ pub fn empty_dir_usage(volumes_dir: &Path, pod: &Pod) -> Vec<(String, String, u6
                 // tmpfs: memory, sized by its limit already.
                 return None;
             }
-            let limit = e.size_limit.as_ref()?.0.clone();
-            let used = disk_usage(&volumes_dir.join(EMPTY_DIR).join(&v.name));
-            Some((v.name.clone(), limit, used))
+            Some(EmptyDirUsage {
+                name: v.name.clone(),
+                limit: e.size_limit.as_ref().map(|q| q.0.clone()),
+                used: disk_usage(&volumes_dir.join(EMPTY_DIR).join(&v.name)),
+            })
         })
         .collect()
 }
@@ -72,12 +83,14 @@ pub fn disk_usage(path: &Path) -> u64 {
 pub fn violation(
     pod: &Pod,
     containers: &[ContainerUsage],
-    empty_dirs: &[(String, String, u64)],
+    empty_dirs: &[EmptyDirUsage],
 ) -> Option<String> {
-    for (name, limit, used) in empty_dirs {
-        if bytes(limit).is_some_and(|l| *used > l) {
+    for d in empty_dirs {
+        let Some(limit) = &d.limit else { continue };
+        if bytes(limit).is_some_and(|l| d.used > l) {
             return Some(format!(
-                "Usage of EmptyDir volume {name:?} exceeds the limit {limit:?}. "
+                "Usage of EmptyDir volume {:?} exceeds the limit {limit:?}. ",
+                d.name
             ));
         }
     }
@@ -103,7 +116,7 @@ pub fn violation(
     if !limits.is_empty() {
         let limit: u64 = limits.iter().sum();
         let used: u64 = containers.iter().map(|c| c.storage).sum::<u64>()
-            + empty_dirs.iter().map(|(_, _, u)| u).sum::<u64>();
+            + empty_dirs.iter().map(|d| d.used).sum::<u64>();
         if used > limit {
             return Some(format!(
                 "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
@@ -150,12 +163,17 @@ mod tests {
     #[test]
     fn empty_dir_over_its_size_limit() {
         let p = pod(&[]);
-        let dirs = vec![("scratch".to_string(), "1Mi".to_string(), 2 << 20)];
+        let dir = |used| EmptyDirUsage {
+            name: "scratch".into(),
+            limit: Some("1Mi".into()),
+            used,
+        };
+        let dirs = vec![dir(2 << 20)];
         assert_eq!(
             violation(&p, &[], &dirs).unwrap(),
             "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". "
         );
-        let within = vec![("scratch".to_string(), "1Mi".to_string(), 1 << 20)];
+        let within = vec![dir(1 << 20)];
         assert_eq!(violation(&p, &[], &within), None);
     }
 
@@ -170,7 +188,11 @@ mod tests {
             over.unwrap(),
             "Container b exceeded its local ephemeral storage limit \"1Mi\". "
         );
-        let dirs = vec![("d".to_string(), "10Mi".to_string(), 1 << 20)];
+        let dirs = vec![EmptyDirUsage {
+            name: "d".into(),
+            limit: None,
+            used: 1 << 20,
+        }];
         let total = violation(&p, &[usage("a", 1 << 20), usage("b", 1)], &dirs);
         assert_eq!(
             total.unwrap(),

@@ -136,7 +136,8 @@ impl Pressure {
                 return None;
             }
         }
-        Some(format!("The node had condition: [{}]. ", under.join(", ")))
+        // Go's %v of a slice: space-separated in brackets.
+        Some(format!("The node had condition: [{}]. ", under.join(" ")))
     }
 }
 
@@ -383,7 +384,7 @@ impl Manager {
             .iter()
             .map(|p| (p.clone(), self.shared.volumes.volumes_dir(p.uid())))
             .collect();
-        let dirs: HashMap<String, Vec<(String, String, u64)>> =
+        let dirs: HashMap<String, Vec<local_storage::EmptyDirUsage>> =
             tokio::task::spawn_blocking(move || {
                 volumes
                     .iter()
@@ -416,7 +417,7 @@ impl Manager {
                     })
                     .unwrap_or_default();
                 let empty_dirs = dirs.get(p.uid()).cloned().unwrap_or_default();
-                let empty_dir_bytes: u64 = empty_dirs.iter().map(|(_, _, u)| u).sum();
+                let empty_dir_bytes: u64 = empty_dirs.iter().map(|d| d.used).sum();
                 PodUsage {
                     pod: p.clone(),
                     memory: stats
@@ -486,5 +487,54 @@ impl Manager {
         {
             tracing::warn!(pod = %pod.key(), "evicted pod did not stop within {POD_CLEANUP_TIMEOUT:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn admission_under_pressure_as_upstream() {
+        let p = Pressure::default();
+        let best_effort = pod(serde_json::json!({"spec": {"containers": [{"name": "c"}]}}));
+        let burstable = pod(serde_json::json!({"spec": {"containers": [
+            {"name": "c", "resources": {"requests": {"memory": "1Mi"}}}]}}));
+        let tolerating = pod(serde_json::json!({"spec": {
+            "containers": [{"name": "c"}],
+            "tolerations": [{"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"}]}}));
+        assert_eq!(p.refuses(&best_effort), None);
+        p.set(vec!["MemoryPressure"]);
+        assert_eq!(
+            p.refuses(&best_effort).as_deref(),
+            Some("The node had condition: [MemoryPressure]. ")
+        );
+        assert_eq!(p.refuses(&burstable), None);
+        assert_eq!(p.refuses(&tolerating), None);
+        p.set(vec!["DiskPressure", "MemoryPressure"]);
+        assert_eq!(
+            p.refuses(&burstable).as_deref(),
+            Some("The node had condition: [DiskPressure MemoryPressure]. ")
+        );
+    }
+
+    #[test]
+    fn pressure_conditions_in_the_kubelets_words() {
+        let p = Pressure::default();
+        p.set(vec!["DiskPressure"]);
+        let cond = |t: &str| NodeCondition {
+            type_: t.into(),
+            status: "False".into(),
+            ..Default::default()
+        };
+        let mut c = vec![cond("MemoryPressure"), cond("DiskPressure")];
+        p.apply(&mut c);
+        assert_eq!(c[0].status, "False");
+        assert_eq!(c[1].status, "True");
+        assert_eq!(c[1].reason.as_deref(), Some("KubeletHasDiskPressure"));
     }
 }

@@ -29,8 +29,8 @@ pub struct PodUsage {
     /// Writable layers, logs and disk-backed emptyDirs.
     pub storage: u64,
     pub containers: Vec<ContainerUsage>,
-    /// Disk-backed emptyDirs with a size limit: name, limit, bytes used.
-    pub empty_dirs: Vec<(String, String, u64)>,
+    /// Disk-backed emptyDirs.
+    pub empty_dirs: Vec<super::local_storage::EmptyDirUsage>,
 }
 
 impl PodUsage {
