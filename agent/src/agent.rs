@@ -285,31 +285,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let node_recorder = client
         .as_ref()
         .map(|c| crate::events::api_recorder(c.clone(), &config.node_name));
-    {
-        let cri = runtime_for_node.cri.clone();
-        let recorder = node_recorder.clone();
-        tokio::spawn(async move { crate::images::sandbox::check(&cri, recorder.as_ref()).await });
-    }
-    let importer = crate::images::import::Importer::new(
-        runtime_for_node.cri.clone(),
-        config.container_runtime_endpoint.clone(),
-        config.image_import_dir.clone(),
-        node_recorder.clone(),
+    crate::images::spawn(
+        &config,
+        &runtime_for_node.cri,
+        node_recorder.as_ref(),
+        &stopped,
     );
-    tokio::spawn(importer.run(stopped()));
-    if config.image_gc.enabled() {
-        let collector = crate::images::collector::Collector::new(
-            runtime_for_node.cri.clone(),
-            config.image_gc,
-            config.image_gc_period,
-            node_recorder.clone(),
-        );
-        tokio::spawn(collector.run(stopped()));
-    }
     let mut node_task = None;
     let shutting_down = Arc::new(crate::shutdown::ShuttingDown::default());
-    let node_recorder_for_eviction = node_recorder.clone();
-    if let (Some(c), Some(recorder)) = (&client, node_recorder) {
+    if let (Some(c), Some(recorder)) = (&client, node_recorder.clone()) {
         let probe = Arc::new(crate::shutdown::ReportShutdown {
             inner: Arc::new(CriProbe::new(runtime_for_node, Some(health.clone()))),
             flag: shutting_down.clone(),
@@ -349,12 +333,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         ));
     }
     let (stops_tx, stops_rx) = mpsc::channel(2);
-    let evictions = crate::eviction::Manager::new(
-        shared.clone(),
-        eviction,
-        stops_tx.clone(),
-        node_recorder_for_eviction,
-    );
+    let evictions =
+        crate::eviction::Manager::new(shared.clone(), eviction, stops_tx.clone(), node_recorder);
     tokio::spawn(evictions.run(stopped()));
     let mut manager = Manager::new(shared, &[]).with_stops(stops_rx);
     if !config.shutdown_grace_period.is_zero() {
