@@ -299,3 +299,37 @@ async fn pod_updates_keep_the_resolved_priority() {
         "{message}"
     );
 }
+
+/// RuntimeClasses are not served: a pod naming one is refused as upstream
+/// refuses a missing class, rather than accepted and run without it.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_naming_a_runtime_class_are_refused() {
+    let s = TestServer::start().await;
+    let pods: Api<Pod> = Api::namespaced(s.client().await, "default");
+    let err = pods
+        .create(
+            &PostParams::default(),
+            &pod("gvisor", json!({"runtimeClassName": "gvisor"})),
+        )
+        .await
+        .unwrap_err();
+    let (code, message) = api_message(err);
+    assert_eq!(code, 403, "{message}");
+    assert_eq!(
+        message,
+        "pods \"gvisor\" is forbidden: pod rejected: RuntimeClass \"gvisor\" not found"
+    );
+    let err = pods
+        .create(
+            &PostParams::default(),
+            &pod("heavy", json!({"overhead": {"cpu": "100m"}})),
+        )
+        .await
+        .unwrap_err();
+    let (code, message) = api_message(err);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.ends_with("Pod Overhead set without corresponding RuntimeClass defined Overhead"),
+        "{message}"
+    );
+}

@@ -55,6 +55,24 @@ pub fn empty_dir_usage(volumes_dir: &Path, pod: &Pod) -> Vec<EmptyDirUsage> {
         .collect()
 }
 
+/// Whether `pod` has a limit this module enforces: an `ephemeral-storage`
+/// limit on a container, or a disk-backed emptyDir with a `sizeLimit`.
+pub fn has_limits(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let containers = spec.containers.iter().any(|c| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .is_some_and(|l| l.contains_key("ephemeral-storage"))
+    });
+    let volumes = spec.volumes.iter().flatten().any(|v| {
+        v.empty_dir
+            .as_ref()
+            .is_some_and(|e| e.size_limit.is_some() && e.medium.as_deref() != Some("Memory"))
+    });
+    containers || volumes
+}
+
 /// Bytes allocated under `path`, as `du` counts them (symbolic links not
 /// followed, other file systems not entered).
 pub fn disk_usage(path: &Path) -> u64 {

@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::events::{ApiRecorder, WARNING};
 use crate::halt::{Halt, StopPods};
 use crate::pod::PodExt;
-use crate::server::stats::Summary;
+use crate::server::stats::{NodeStats, Summary};
 use crate::shared::Shared;
 use rank::{ContainerUsage, PodUsage};
 use thresholds::{Observation, Signal, Threshold};
@@ -141,10 +141,9 @@ impl Pressure {
     }
 }
 
-/// The node's signals from a stats summary.
-pub fn observe(summary: &Summary) -> HashMap<Signal, Observation> {
+/// The node's signals from its stats.
+pub fn observe(node: &NodeStats) -> HashMap<Signal, Observation> {
     let mut out = HashMap::new();
-    let node = &summary.node;
     if let Some(m) = &node.memory {
         if let (Some(available), Some(working_set)) = (m.available_bytes, m.working_set_bytes) {
             out.insert(
@@ -280,7 +279,7 @@ impl Manager {
 
     /// One round (upstream `synchronize`).
     async fn synchronize(&mut self) -> Result<(), cri_proto::Error> {
-        let summary = crate::server::stats::collect(&self.shared).await?;
+        let observed = observe(&crate::server::stats::node_only(&self.shared).await);
         let active: Vec<Pod> = self
             .shared
             .statuses
@@ -288,11 +287,16 @@ impl Manager {
             .into_iter()
             .filter(|p| !p.is_terminal())
             .collect();
-        let usage = self.usage(&summary, &active).await;
-        if self.local_storage_eviction(&usage).await {
-            return Ok(());
+        // Pods' figures cost a CRI stats call and walks of their volumes:
+        // read only when a pod has storage limits or a threshold is met.
+        let limited = active.iter().any(local_storage::has_limits);
+        let mut usage = Vec::new();
+        if limited {
+            usage = self.pod_usage(&active).await?;
+            if self.local_storage_eviction(&usage).await {
+                return Ok(());
+            }
         }
-        let observed = observe(&summary);
         let now = Instant::now();
         let mut met = thresholds::met(&self.settings.thresholds, &observed, false);
         for t in thresholds::met(&self.met_last, &observed, true) {
@@ -345,6 +349,9 @@ impl Manager {
         let Some(o) = observed.get(&threshold.signal).copied() else {
             return Ok(());
         };
+        if !limited {
+            usage = self.pod_usage(&active).await?;
+        }
         let mut candidates: Vec<PodUsage> = usage
             .into_iter()
             .filter(|u| !crate::shutdown::is_critical(&u.pod))
@@ -379,6 +386,14 @@ impl Manager {
     }
 
     /// Each running pod's use of memory and storage.
+    ///
+    /// # Errors
+    /// The runtime's container stats could not be listed.
+    async fn pod_usage(&self, pods: &[Pod]) -> Result<Vec<PodUsage>, cri_proto::Error> {
+        let summary = crate::server::stats::collect(&self.shared).await?;
+        Ok(self.usage(&summary, pods).await)
+    }
+
     async fn usage(&self, summary: &Summary, pods: &[Pod]) -> Vec<PodUsage> {
         let volumes: Vec<(Pod, std::path::PathBuf)> = pods
             .iter()
@@ -457,10 +472,7 @@ impl Manager {
             Ok(freed) => tracing::info!(freed, "eviction manager: removed unused images"),
             Err(e) => tracing::warn!("eviction manager: removing unused images failed: {e}"),
         }
-        let Ok(summary) = crate::server::stats::collect(&self.shared).await else {
-            return false;
-        };
-        let observed = observe(&summary);
+        let observed = observe(&crate::server::stats::node_only(&self.shared).await);
         thresholds::met(std::slice::from_ref(threshold), &observed, true).is_empty()
     }
 

@@ -31,11 +31,8 @@ pub async fn create_sandbox(
     if let Err(e) = std::fs::create_dir_all(&cfg.log_directory) {
         tracing::warn!(pod = %pod.key(), "cannot create log directory {}: {e}", cfg.log_directory);
     }
-    let handler = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.runtime_class_name.clone())
-        .unwrap_or_default();
+    // Admission refuses runtimeClassName: the runtime's default handler.
+    let handler = String::new();
     let id = shared
         .runtime
         .cri

@@ -48,6 +48,7 @@ pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> 
         default_tolerations(obj, &api.default_toleration_seconds);
         super::limitranger::admit_create(api, r, obj).await?;
         super::priority::admit_create(api, r, obj).await?;
+        super::runtimeclass::admit_create(r, obj)?;
     }
     super::storageadmission::mutate_create(api, r, obj).await?;
     Ok(())

@@ -48,6 +48,7 @@ pub mod quota;
 pub mod request;
 pub mod resources;
 pub mod review;
+pub mod runtimeclass;
 pub mod selectors;
 pub mod serviceaccounts;
 pub mod status;

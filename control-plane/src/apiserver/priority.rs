@@ -35,7 +35,7 @@ fn classes_def() -> ApiResult<&'static ResourceDef> {
 
 /// `<resource> "<name>" is forbidden: <why>`, upstream's
 /// `admission.NewForbidden`.
-fn forbidden(group: &str, plural: &str, name: &str, why: String) -> ApiError {
+pub(crate) fn forbidden(group: &str, plural: &str, name: &str, why: String) -> ApiError {
     ApiError::forbidden(format!(
         "{} {name:?} is forbidden: {why}",
         qualified(group, plural)
