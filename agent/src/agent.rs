@@ -181,7 +181,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .with_client(client.clone()),
         config: config.clone(),
         runtime: runtime.clone(),
-        pressure: Arc::new(crate::eviction::Pressure::default()),
+        pressure: Arc::new(crate::pressure::Pressure::default()),
         recorder,
         statuses: statuses.clone(),
         host_ip,

@@ -65,6 +65,7 @@ pub mod node;
 pub mod plan;
 pub mod pleg;
 pub mod pod;
+pub mod pressure;
 pub mod prober;
 pub mod runtime;
 pub mod server;

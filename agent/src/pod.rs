@@ -159,3 +159,17 @@ pub fn as_container(e: &EphemeralContainer) -> Container {
         ..Container::default()
     }
 }
+
+/// Upstream's `SystemCriticalPriority`.
+pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Whether the pod is critical (upstream's `IsCriticalPod`).
+pub fn is_critical(pod: &Pod) -> bool {
+    pod.is_static()
+        || pod.is_mirror()
+        || pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.priority)
+            .is_some_and(|p| p >= CRITICAL_PRIORITY)
+}

@@ -21,7 +21,7 @@ pub struct Shared {
     pub recorder: Box<dyn Recorder>,
     /// The node conditions under pressure (sender: the eviction manager;
     /// readers: node status and pod admission).
-    pub pressure: Arc<crate::eviction::Pressure>,
+    pub pressure: Arc<crate::pressure::Pressure>,
     pub statuses: Arc<StatusStore>,
     /// CrashLoopBackOff delays, keyed `uid/container`.
     pub crash_backoff: Mutex<Backoff>,

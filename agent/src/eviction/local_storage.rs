@@ -8,19 +8,10 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::rank::ContainerUsage;
+use super::usage::{ContainerUsage, EmptyDirUsage};
 
 /// The volumes directory's plugin directory of emptyDirs.
 const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
-
-/// A disk-backed emptyDir's use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EmptyDirUsage {
-    pub name: String,
-    /// `sizeLimit` as written.
-    pub limit: Option<String>,
-    pub used: u64,
-}
 
 /// Bytes of `quantity`, when it parses.
 fn bytes(quantity: &str) -> Option<u64> {

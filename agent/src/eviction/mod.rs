@@ -11,13 +11,14 @@
 pub mod local_storage;
 pub mod rank;
 pub mod thresholds;
+pub mod usage;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{NodeCondition, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
@@ -26,8 +27,8 @@ use crate::halt::{Halt, StopPods};
 use crate::pod::PodExt;
 use crate::server::stats::{NodeStats, Summary};
 use crate::shared::Shared;
-use rank::{ContainerUsage, PodUsage};
 use thresholds::{Observation, Signal, Threshold};
+use usage::{ContainerUsage, EmptyDirUsage, PodUsage};
 
 /// How often signals are read (the kubelet's fixed 10 s).
 const MONITORING_PERIOD: Duration = Duration::from_secs(10);
@@ -67,77 +68,6 @@ impl Settings {
             pressure_transition_period: c.eviction_pressure_transition_period,
             max_pod_grace_period: c.eviction_max_pod_grace_period,
         })
-    }
-}
-
-/// The node conditions under pressure now, shared with node status and
-/// admission.
-#[derive(Debug, Default)]
-pub struct Pressure(RwLock<Vec<&'static str>>);
-
-impl Pressure {
-    pub fn conditions(&self) -> Vec<&'static str> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn set(&self, conditions: Vec<&'static str>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = conditions;
-    }
-
-    /// Set the pressure conditions among `conditions` (the node status's,
-    /// all False by default) True, in the kubelet's words.
-    pub fn apply(&self, conditions: &mut [NodeCondition]) {
-        let under = self.conditions();
-        for c in conditions.iter_mut() {
-            if !under.contains(&c.type_.as_str()) {
-                continue;
-            }
-            let (reason, message) = match c.type_.as_str() {
-                "MemoryPressure" => (
-                    "KubeletHasInsufficientMemory",
-                    "kubelet has insufficient memory available",
-                ),
-                "DiskPressure" => ("KubeletHasDiskPressure", "kubelet has disk pressure"),
-                "PIDPressure" => (
-                    "KubeletHasInsufficientPID",
-                    "kubelet has insufficient PID available",
-                ),
-                _ => continue,
-            };
-            c.status = "True".into();
-            c.reason = Some(reason.into());
-            c.message = Some(message.into());
-        }
-    }
-
-    /// Upstream's eviction admission: under pressure only critical pods
-    /// are admitted, and under memory pressure alone also pods that are
-    /// not BestEffort or that tolerate the memory-pressure taint. The
-    /// refusal's message when refused.
-    pub fn refuses(&self, pod: &Pod) -> Option<String> {
-        let under = self.conditions();
-        if under.is_empty() || crate::shutdown::is_critical(pod) {
-            return None;
-        }
-        if under == ["MemoryPressure"] {
-            let best_effort =
-                kube_util::qos::qos_class(pod) == kube_util::qos::QosClass::BestEffort;
-            let tolerations = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.tolerations.clone())
-                .unwrap_or_default();
-            let taint = k8s_openapi::api::core::v1::Taint {
-                key: "node.kubernetes.io/memory-pressure".into(),
-                effect: "NoSchedule".into(),
-                ..Default::default()
-            };
-            if !best_effort || kube_util::taints::tolerated(&tolerations, &taint) {
-                return None;
-            }
-        }
-        // Go's %v of a slice: space-separated in brackets.
-        Some(format!("The node had condition: [{}]. ", under.join(" ")))
     }
 }
 
@@ -198,6 +128,10 @@ pub fn observe(node: &NodeStats) -> HashMap<Signal, Observation> {
         }
     }
     out
+}
+
+fn is_terminal(s: &k8s_openapi::api::core::v1::PodStatus) -> bool {
+    matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
 }
 
 /// Signals in the order their pressure is relieved (memory first, as
@@ -280,19 +214,15 @@ impl Manager {
     /// One round (upstream `synchronize`).
     async fn synchronize(&mut self) -> Result<(), cri_proto::Error> {
         let observed = observe(&crate::server::stats::node_only(&self.shared).await);
-        let active: Vec<Pod> = self
+        // Pods' figures cost a copy of the pods, a CRI stats call and walks
+        // of their volumes: taken for the pods with storage limits, and
+        // for all running pods only once a threshold is met.
+        let limited = self
             .shared
             .statuses
-            .list()
-            .into_iter()
-            .filter(|p| !p.is_terminal())
-            .collect();
-        // Pods' figures cost a CRI stats call and walks of their volumes:
-        // read only when a pod has storage limits or a threshold is met.
-        let limited = active.iter().any(local_storage::has_limits);
-        let mut usage = Vec::new();
-        if limited {
-            usage = self.pod_usage(&active).await?;
+            .list_where(|p, s| !is_terminal(s) && local_storage::has_limits(p));
+        if !limited.is_empty() {
+            let usage = self.pod_usage(&limited).await?;
             if self.local_storage_eviction(&usage).await {
                 return Ok(());
             }
@@ -349,13 +279,11 @@ impl Manager {
         let Some(o) = observed.get(&threshold.signal).copied() else {
             return Ok(());
         };
-        if !limited {
-            usage = self.pod_usage(&active).await?;
-        }
-        let mut candidates: Vec<PodUsage> = usage
-            .into_iter()
-            .filter(|u| !crate::shutdown::is_critical(&u.pod))
-            .collect();
+        let active = self
+            .shared
+            .statuses
+            .list_where(|p, s| !is_terminal(s) && !crate::pod::is_critical(p));
+        let mut candidates = self.pod_usage(&active).await?;
         rank::rank(threshold.signal, &mut candidates);
         let Some(victim) = candidates.first() else {
             tracing::warn!(
@@ -399,15 +327,14 @@ impl Manager {
             .iter()
             .map(|p| (p.clone(), self.shared.volumes.volumes_dir(p.uid())))
             .collect();
-        let dirs: HashMap<String, Vec<local_storage::EmptyDirUsage>> =
-            tokio::task::spawn_blocking(move || {
-                volumes
-                    .iter()
-                    .map(|(p, dir)| (p.uid().to_string(), local_storage::empty_dir_usage(dir, p)))
-                    .collect()
-            })
-            .await
-            .unwrap_or_default();
+        let dirs: HashMap<String, Vec<EmptyDirUsage>> = tokio::task::spawn_blocking(move || {
+            volumes
+                .iter()
+                .map(|(p, dir)| (p.uid().to_string(), local_storage::empty_dir_usage(dir, p)))
+                .collect()
+        })
+        .await
+        .unwrap_or_default();
         pods.iter()
             .map(|p| {
                 let stats = summary.pods.iter().find(|s| s.pod_ref.uid == p.uid());
@@ -451,7 +378,7 @@ impl Manager {
     async fn local_storage_eviction(&self, usage: &[PodUsage]) -> bool {
         let mut evicted = false;
         for u in usage {
-            if crate::shutdown::is_critical(&u.pod) {
+            if crate::pod::is_critical(&u.pod) {
                 continue;
             }
             if let Some(message) = local_storage::violation(&u.pod, &u.containers, &u.empty_dirs) {
@@ -499,54 +426,5 @@ impl Manager {
         {
             tracing::warn!(pod = %pod.key(), "evicted pod did not stop within {POD_CLEANUP_TIMEOUT:?}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(json: serde_json::Value) -> Pod {
-        serde_json::from_value(json).unwrap()
-    }
-
-    #[test]
-    fn admission_under_pressure_as_upstream() {
-        let p = Pressure::default();
-        let best_effort = pod(serde_json::json!({"spec": {"containers": [{"name": "c"}]}}));
-        let burstable = pod(serde_json::json!({"spec": {"containers": [
-            {"name": "c", "resources": {"requests": {"memory": "1Mi"}}}]}}));
-        let tolerating = pod(serde_json::json!({"spec": {
-            "containers": [{"name": "c"}],
-            "tolerations": [{"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"}]}}));
-        assert_eq!(p.refuses(&best_effort), None);
-        p.set(vec!["MemoryPressure"]);
-        assert_eq!(
-            p.refuses(&best_effort).as_deref(),
-            Some("The node had condition: [MemoryPressure]. ")
-        );
-        assert_eq!(p.refuses(&burstable), None);
-        assert_eq!(p.refuses(&tolerating), None);
-        p.set(vec!["DiskPressure", "MemoryPressure"]);
-        assert_eq!(
-            p.refuses(&burstable).as_deref(),
-            Some("The node had condition: [DiskPressure MemoryPressure]. ")
-        );
-    }
-
-    #[test]
-    fn pressure_conditions_in_the_kubelets_words() {
-        let p = Pressure::default();
-        p.set(vec!["DiskPressure"]);
-        let cond = |t: &str| NodeCondition {
-            type_: t.into(),
-            status: "False".into(),
-            ..Default::default()
-        };
-        let mut c = vec![cond("MemoryPressure"), cond("DiskPressure")];
-        p.apply(&mut c);
-        assert_eq!(c[0].status, "False");
-        assert_eq!(c[1].status, "True");
-        assert_eq!(c[1].reason.as_deref(), Some("KubeletHasDiskPressure"));
     }
 }

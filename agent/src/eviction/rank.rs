@@ -5,33 +5,11 @@
 
 use std::cmp::Reverse;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube_util::quantity::binary_si;
 use kube_util::resources::{pod_requests, Resources};
 
 use super::thresholds::Signal;
-
-/// What one container uses of the resource being reclaimed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerUsage {
-    pub name: String,
-    pub memory: u64,
-    /// Writable layer and logs.
-    pub storage: u64,
-}
-
-/// A running pod and what it uses.
-#[derive(Debug, Clone)]
-pub struct PodUsage {
-    pub pod: Pod,
-    /// Working set.
-    pub memory: u64,
-    /// Writable layers, logs and disk-backed emptyDirs.
-    pub storage: u64,
-    pub containers: Vec<ContainerUsage>,
-    /// Disk-backed emptyDirs.
-    pub empty_dirs: Vec<super::local_storage::EmptyDirUsage>,
-}
+use super::usage::PodUsage;
 
 impl PodUsage {
     fn requests(&self) -> Resources {
@@ -132,6 +110,8 @@ pub fn message(signal: Signal, threshold: u64, available: u64, usage: &PodUsage)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::eviction::usage::ContainerUsage;
+    use k8s_openapi::api::core::v1::Pod;
 
     fn pod(name: &str, priority: i32, memory_request: Option<&str>) -> Pod {
         let requests = memory_request

@@ -161,7 +161,7 @@ pub struct NodeAgent {
     probe: Arc<dyn RuntimeProbe>,
     recorder: Option<ApiRecorder>,
     pod_cidr: watch::Sender<Option<String>>,
-    pressure: Option<Arc<crate::eviction::Pressure>>,
+    pressure: Option<Arc<crate::pressure::Pressure>>,
 }
 
 impl NodeAgent {
@@ -187,7 +187,7 @@ impl NodeAgent {
     }
 
     /// Report the eviction manager's pressure conditions.
-    pub fn with_pressure(mut self, pressure: Arc<crate::eviction::Pressure>) -> NodeAgent {
+    pub fn with_pressure(mut self, pressure: Arc<crate::pressure::Pressure>) -> NodeAgent {
         self.pressure = Some(pressure);
         self
     }

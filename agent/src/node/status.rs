@@ -52,7 +52,7 @@ pub struct Reporter {
     report_every: Duration,
     ready: bool,
     /// The eviction manager's pressure conditions; None: never any.
-    pressure: Option<Arc<crate::eviction::Pressure>>,
+    pressure: Option<Arc<crate::pressure::Pressure>>,
 }
 
 impl Reporter {
@@ -75,7 +75,7 @@ impl Reporter {
     }
 
     /// Report the pressure conditions `pressure` holds.
-    pub fn with_pressure(mut self, pressure: Option<Arc<crate::eviction::Pressure>>) -> Reporter {
+    pub fn with_pressure(mut self, pressure: Option<Arc<crate::pressure::Pressure>>) -> Reporter {
         self.pressure = pressure;
         self
     }
@@ -204,7 +204,7 @@ pub struct NodeLoop {
     pub probe: Arc<dyn RuntimeProbe>,
     pub recorder: Option<ApiRecorder>,
     pub outputs: Outputs,
-    pub pressure: Option<Arc<crate::eviction::Pressure>>,
+    pub pressure: Option<Arc<crate::pressure::Pressure>>,
     /// Set once the `--pod-cidr` / `spec.podCIDR` mismatch was logged.
     pub cidr_warned: AtomicBool,
 }

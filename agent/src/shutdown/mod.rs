@@ -31,11 +31,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::pod::is_critical;
 use crate::pod::PodExt;
 use crate::status::StatusStore;
 
-/// Upstream's `SystemCriticalPriority`.
-pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
 /// The status reason and message of a pod stopped for shutdown.
 pub const REASON: &str = "Terminated";
 pub const MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
@@ -77,17 +76,6 @@ pub struct Periods {
 pub struct Phase {
     pub period: Duration,
     pub pods: Vec<(String, String, i64)>,
-}
-
-/// Whether the pod is critical (upstream's `IsCriticalPod`).
-pub fn is_critical(pod: &Pod) -> bool {
-    pod.is_static()
-        || pod.is_mirror()
-        || pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.priority)
-            .is_some_and(|p| p >= CRITICAL_PRIORITY)
 }
 
 /// The phases for `pods`: regular ones, then critical ones; empty phases
@@ -278,6 +266,7 @@ impl<S: Signals> ShutdownManager<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pod::CRITICAL_PRIORITY;
     use k8s_openapi::api::core::v1::PodSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

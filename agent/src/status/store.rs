@@ -57,6 +57,19 @@ impl StatusStore {
         pods.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
         pods
     }
+    /// The pods (with their status) for which `keep` holds; only those are
+    /// copied, so a question most pods answer no to stays cheap.
+    pub fn list_where(&self, keep: impl Fn(&Pod, &PodStatus) -> bool) -> Vec<Pod> {
+        let m = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        m.values()
+            .filter(|(p, s)| keep(p, s))
+            .map(|(p, s)| {
+                let mut p = p.clone();
+                p.status = Some(s.clone());
+                p
+            })
+            .collect()
+    }
     /// Ask the status manager to look at `uid` again.
     pub fn mark_dirty(&self, uid: String) {
         self.dirty
