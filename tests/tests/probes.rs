@@ -349,15 +349,18 @@ async fn grpc_probes() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_probe_holds_back_liveness_and_readiness() -> Result<()> {
     let (cd, agent) = start().await?;
-    // Liveness would kill at once and readiness would pass at once, but
-    // neither runs until the startup probe passes.
+    // Liveness would kill at once (until /tmp/started exists) and
+    // readiness would pass at once, but neither runs until the startup
+    // probe passes; once started, liveness fails when the test says so
+    // (a liveness failing at once could restart the container before
+    // its Ready is seen).
     agent.write_manifest(
         "slow.json",
         &manifest(
             "slow",
             json!({"command": sh("exec sleep 3600"),
                    "startupProbe": exec_probe("test -f /tmp/started", json!({"failureThreshold": 1000})),
-                   "livenessProbe": exec_probe("test ! -f /tmp/started || test -f /tmp/alive", json!({"terminationGracePeriodSeconds": 1})),
+                   "livenessProbe": exec_probe("test -f /tmp/started && test ! -f /tmp/kill", json!({"terminationGracePeriodSeconds": 1})),
                    "readinessProbe": exec_probe("true", json!({}))}),
         ),
     )?;
@@ -391,12 +394,13 @@ async fn startup_probe_holds_back_liveness_and_readiness() -> Result<()> {
     );
     ensure!(!container_ready(&p));
 
-    // Started: readiness passes, and the (now failing) liveness probe runs.
+    // Started: readiness passes; then the liveness probe, told to fail, restarts it.
     exec(&cd, &p, "touch /tmp/started").await?;
-    wait(&agent, "slow", "started and Ready", |p| {
+    let p = wait(&agent, "slow", "started and Ready", |p| {
         started(p) == Some(true) && fully_ready(p)
     })
     .await?;
+    exec(&cd, &p, "touch /tmp/kill").await?;
     wait(&agent, "slow", "restarted by liveness once started", |p| {
         pods::restarts(p, "c") >= 1
     })

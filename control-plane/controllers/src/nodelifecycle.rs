@@ -1,13 +1,17 @@
 //! Node lifecycle controller: node health from Leases and status
-//! heartbeats, the not-ready / unreachable NoExecute taints, and
-//! taint-based eviction of the pods on tainted nodes.
+//! heartbeats, the not-ready / unreachable NoExecute taints, the
+//! NoSchedule taints that mirror node conditions and cordons
+//! (upstream's TaintNodesByCondition), and taint-based eviction of the
+//! pods on tainted nodes.
 //!
 //! Every `node_monitor_period`: a node whose Lease (in `kube-node-lease`)
 //! and Ready heartbeat have not moved for `node_monitor_grace_period`
 //! gets its conditions set Unknown ([`health`]), and the pods on nodes
 //! whose Ready is Unknown are marked not ready (upstream's
 //! MarkPodsNotReady: the agent that would do it is silent). After every
-//! change: each node's taints follow its Ready condition, and pods that
+//! change: each node's taints follow its conditions and
+//! `spec.unschedulable` (the agent only reports conditions, as the
+//! kubelet; the scheduler heeds taints), and pods that
 //! do not tolerate their node's NoExecute taints long enough are deleted
 //! ([`eviction`]), at the deadline their tolerationSeconds set.
 
@@ -29,7 +33,10 @@ use serde_json::json;
 
 use crate::{Ctx, Error};
 use eviction::Verdict;
-pub use health::{TAINT_NOT_READY, TAINT_UNREACHABLE};
+pub use health::{
+    TAINT_DISK_PRESSURE, TAINT_MEMORY_PRESSURE, TAINT_NETWORK_UNAVAILABLE, TAINT_NOT_READY,
+    TAINT_PID_PRESSURE, TAINT_UNREACHABLE,
+};
 
 /// Where node agents keep their heartbeat Leases (named after the node).
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -184,7 +191,9 @@ impl Lifecycle {
         }
     }
 
-    /// Each node's NoExecute taint to match its Ready condition.
+    /// Each node's controller-owned taints (NoExecute from Ready,
+    /// NoSchedule from every condition and the cordon) to match, in one
+    /// patch per node that needs one.
     async fn sync_taints(&mut self, nodes: &[Arc<Node>]) {
         for node in nodes {
             let Some(taints) = health::desired_taints(node, jiff::Timestamp::now()) else {
@@ -201,7 +210,10 @@ impl Lifecycle {
                 .await
             {
                 Ok(_) => {
-                    let keys: Vec<&str> = taints.iter().map(|t| t.key.as_str()).collect();
+                    let keys: Vec<String> = taints
+                        .iter()
+                        .map(|t| format!("{}:{}", t.key, t.effect))
+                        .collect();
                     tracing::info!(node = %name, ready = ?health::ready_status(node), taints = ?keys, "node taints updated");
                 }
                 // A conflict or a failure is tried again on the next pass.

@@ -2,7 +2,8 @@
 //! simulated (Nodes, Lease renewals and status posts by the admin):
 //! a silent node goes Unknown and gets the unreachable taint, its pods
 //! are evicted by their tolerations (the server's default ones included),
-//! pods on it are marked not ready, and recovery removes the taint.
+//! pods on it are marked not ready, and recovery removes the taint;
+//! pressure conditions and cordons become NoSchedule taints.
 
 use std::time::Duration;
 
@@ -324,5 +325,119 @@ async fn silent_node_is_tainted_its_pods_evicted_and_recovery_untaints() {
         })
         .await,
         "not-ready taint removed, the admin's kept"
+    );
+}
+
+fn no_schedule_keys(node: &Node) -> Vec<String> {
+    let mut keys: Vec<String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|t| t.effect == "NoSchedule")
+        .map(|t| t.key.clone())
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// TaintNodesByCondition: the agent only reports DiskPressure; the
+/// controller adds and removes the NoSchedule taint the scheduler heeds,
+/// and the cordon's, beside an admin's taint it leaves alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pressure_conditions_and_cordon_become_no_schedule_taints() {
+    const DISK: &str = "node.kubernetes.io/disk-pressure";
+    const CORDON: &str = "node.kubernetes.io/unschedulable";
+    let server = TestServer::start().await;
+    let admin = server.client().await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    create_node(&nodes, &leases, "p1").await;
+    let _agent = keep_renewing(leases.clone(), "p1");
+    let t = json!({"spec": {"taints": [{"key": "example.com/dedicated", "effect": "NoSchedule"}]}});
+    nodes
+        .patch("p1", &PatchParams::default(), &Patch::Merge(&t))
+        .await
+        .unwrap();
+    let _stop = start_controllers(&server).await;
+
+    let disk = |pressure: &str| {
+        let mut st = status("True");
+        for c in st["conditions"].as_array_mut().unwrap() {
+            if c["type"] == "DiskPressure" {
+                c["status"] = json!(pressure);
+            }
+        }
+        json!({"status": st})
+    };
+    let keys = || async { no_schedule_keys(&nodes.get("p1").await.unwrap()) };
+    nodes
+        .patch_status("p1", &PatchParams::default(), &Patch::Merge(&disk("True")))
+        .await
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async {
+            keys().await == vec!["example.com/dedicated".to_string(), DISK.into()]
+        })
+        .await,
+        "disk-pressure NoSchedule taint added: {:?}",
+        keys().await
+    );
+    let n = nodes.get("p1").await.unwrap();
+    let added = n.spec.unwrap().taints.unwrap();
+    let added = added.iter().find(|t| t.key == DISK).unwrap();
+    assert!(
+        added.time_added.is_none() && added.value.is_none(),
+        "as upstream: {added:?}"
+    );
+
+    // Cordon while under pressure: both taints, in one or more patches.
+    let cordon = json!({"spec": {"unschedulable": true}});
+    nodes
+        .patch("p1", &PatchParams::default(), &Patch::Merge(&cordon))
+        .await
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async {
+            keys().await
+                == vec![
+                    "example.com/dedicated".to_string(),
+                    DISK.into(),
+                    CORDON.into(),
+                ]
+        })
+        .await,
+        "unschedulable taint added: {:?}",
+        keys().await
+    );
+
+    // Pressure over and uncordoned: both go, the admin's stays.
+    nodes
+        .patch_status("p1", &PatchParams::default(), &Patch::Merge(&disk("False")))
+        .await
+        .unwrap();
+    let uncordon = json!({"spec": {"unschedulable": false}});
+    nodes
+        .patch("p1", &PatchParams::default(), &Patch::Merge(&uncordon))
+        .await
+        .unwrap();
+    assert!(
+        eventually(WAIT, || async {
+            keys().await == vec!["example.com/dedicated".to_string()]
+        })
+        .await,
+        "condition taints removed: {:?}",
+        keys().await
+    );
+    let n = nodes.get("p1").await.unwrap();
+    assert!(
+        n.spec
+            .unwrap()
+            .taints
+            .unwrap()
+            .iter()
+            .all(|t| t.effect == "NoSchedule"),
+        "a Ready node gets no NoExecute taint"
     );
 }
