@@ -73,6 +73,7 @@ pub mod shared;
 pub mod shutdown;
 pub mod source;
 pub mod status;
+pub mod ticks;
 pub mod volumes;
 pub mod worker;
 

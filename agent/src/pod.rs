@@ -116,10 +116,9 @@ impl PodExt for Pod {
         self.metadata.deletion_timestamp.is_some()
     }
     fn is_terminal(&self) -> bool {
-        matches!(
-            self.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        )
+        self.status
+            .as_ref()
+            .is_some_and(kube_util::podstatus::is_terminal)
     }
     fn is_mirror(&self) -> bool {
         self.metadata

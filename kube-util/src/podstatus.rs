@@ -29,6 +29,11 @@ pub struct Summary {
     pub last_restart: Option<Timestamp>,
 }
 
+/// Whether the pod's phase is Succeeded or Failed: it never runs again.
+pub fn is_terminal(status: &PodStatus) -> bool {
+    matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
+}
+
 /// The STATUS column for `pod`, from its own `status`.
 pub fn display_status(pod: &Pod) -> String {
     summary(pod).status
@@ -155,7 +160,7 @@ pub fn summary_with(pod: &Pod, status: &PodStatus) -> Summary {
         }
     }
 
-    let terminal = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"));
+    let terminal = is_terminal(status);
     if pod.metadata.deletion_timestamp.is_some() {
         if status.reason.as_deref() == Some(NODE_LOST) {
             reason = "Unknown".into();

@@ -111,10 +111,9 @@ pub fn ephemeral_claim_not_for_pod(pod: &Pod, pvc: &PersistentVolumeClaim) -> Op
 
 /// Whether a pod is done with its volumes (Succeeded or Failed).
 pub fn pod_terminated(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+    pod.status
+        .as_ref()
+        .is_some_and(crate::podstatus::is_terminal)
 }
 
 /// Whether a live (not terminated) pod uses claim `name` of `namespace`.

@@ -15,6 +15,12 @@ use k8s_openapi::List;
 
 use crate::containerd::Containerd;
 
+/// Every test agent's image GC and eviction thresholds: off, unless a
+/// test turns them on (a flag given again wins). A test machine's disk
+/// may well be over 85 % full, and side-loaded images have no registry
+/// to come back from.
+pub const NO_RECLAIM_FLAGS: [&str; 2] = ["--image-gc-high-threshold=100", "--eviction-hard="];
+
 /// Path of a workspace binary, built once per test process (`cargo build`
 /// is a no-op when it is up to date). `SKIFF_<NAME>_BIN` overrides it.
 pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf> {
@@ -140,12 +146,7 @@ impl Agent {
                 dir.join("ca/pki/ca.crt").display()
             ));
         }
-        // Image GC off unless a test turns it on (a flag given again
-        // wins): a test machine's disk may well be over 85 % full, and the
-        // side-loaded images have no registry to come back from.
-        args.push("--image-gc-high-threshold=100".into());
-        // No eviction thresholds either, for the same disk.
-        args.push("--eviction-hard=".into());
+        args.extend(NO_RECLAIM_FLAGS.map(String::from));
         args.extend(opts.extra_args);
         let mut agent = Agent {
             child: None,

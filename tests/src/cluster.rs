@@ -291,12 +291,8 @@ impl Cluster {
             "--runtime-request-timeout=30s".into(),
             format!("--node-ip={}", ns.ip),
             format!("--resolv-conf={}", resolv_conf.display()),
-            // Side-loaded images have no registry to come back from, and
-            // the machine's disk may be over 85 % full: no image GC, and
-            // no eviction thresholds.
-            "--image-gc-high-threshold=100".into(),
-            "--eviction-hard=".into(),
         ];
+        args.extend(crate::agent::NO_RECLAIM_FLAGS.map(String::from));
         if !opts.labels.is_empty() {
             let labels: Vec<String> = opts
                 .labels

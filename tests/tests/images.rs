@@ -5,9 +5,10 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Context, Result};
 use cri_proto::{v1, CriClient};
 use skiff_tests::agent::{pods, Agent, AgentOptions};
+use skiff_tests::cluster::wait_for;
 use skiff_tests::images::PAUSE_IMAGE;
 use skiff_tests::{Containerd, TOOLBOX_IMAGE};
 
@@ -54,28 +55,24 @@ async fn image_gc_removes_unused_images_and_keeps_used_ones_and_the_sandbox_imag
             pods::running(p, "main")
         })
         .await?;
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
+    let names = wait_for("the unused image removed", T, || async {
         let names = image_names(&cri).await?;
-        if !names.contains(&unused.name().to_string()) {
-            ensure!(
-                names.iter().any(|n| n == TOOLBOX_IMAGE),
-                "the image a container uses was removed: {names:?}"
-            );
-            ensure!(
-                names.iter().any(|n| n == PAUSE_IMAGE),
-                "the sandbox image was removed: {names:?}"
-            );
-            break;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!(
-                "unused image still present: {names:?}; agent log:\n{}",
-                agent.log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        ensure!(
+            !names.contains(&unused.name().to_string()),
+            "unused image still present: {names:?}"
+        );
+        Ok(names)
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", agent.log_tail(40)))?;
+    ensure!(
+        names.iter().any(|n| n == TOOLBOX_IMAGE),
+        "the image a container uses was removed: {names:?}"
+    );
+    ensure!(
+        names.iter().any(|n| n == PAUSE_IMAGE),
+        "the sandbox image was removed: {names:?}"
+    );
     let pod = agent.pod(&agent.pod_name("user")).await?;
     ensure!(
         pod.as_ref().is_some_and(|p| pods::running(p, "main")),
@@ -102,18 +99,12 @@ async fn an_absent_unpullable_sandbox_image_is_reported_at_start() -> Result<()>
     )
     .await?;
     let expected = format!("sandbox image \"{PAUSE_IMAGE}\" is not present and cannot be pulled");
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
+    wait_for("the error about the sandbox image", T, || async {
         let log = agent.log_tail(100);
-        if log.contains(&expected) {
-            break;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("no error about the sandbox image; agent log:\n{log}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
+        ensure!(log.contains(&expected), "agent log:\n{log}");
+        Ok(())
+    })
+    .await
 }
 
 /// An archive dropped (gzip) into the import directory is imported and
@@ -149,16 +140,16 @@ async fn archives_are_imported_from_the_directory_and_the_command_line() -> Resu
     let partial = import_dir.join("dropped.partial");
     std::fs::write(&partial, gz.finish()?)?;
     std::fs::rename(&partial, import_dir.join("dropped.tar.gz"))?;
-    let deadline = tokio::time::Instant::now() + T;
-    while !image_names(&cri).await?.iter().any(|n| n == dropped.name()) {
-        if tokio::time::Instant::now() >= deadline {
-            bail!(
-                "dropped archive not imported; agent log:\n{}",
-                agent.log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_for("the dropped archive imported", T, || async {
+        let names = image_names(&cri).await?;
+        ensure!(
+            names.iter().any(|n| n == dropped.name()),
+            "images: {names:?}"
+        );
+        Ok(())
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", agent.log_tail(40)))?;
     agent.write_manifest(
         "dropped.yaml",
         &format!(

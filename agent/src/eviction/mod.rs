@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::events::{ApiRecorder, WARNING};
 use crate::halt::{Halt, StopPods};
 use crate::pod::PodExt;
-use crate::server::stats::{NodeStats, Summary};
+use crate::server::stats::{ContainerStats, NodeStats, PodStats};
 use crate::shared::Shared;
 use thresholds::{Observation, Signal, Threshold};
 use usage::{ContainerUsage, EmptyDirUsage, PodUsage};
@@ -130,10 +130,6 @@ pub fn observe(node: &NodeStats) -> HashMap<Signal, Observation> {
     out
 }
 
-fn is_terminal(s: &k8s_openapi::api::core::v1::PodStatus) -> bool {
-    matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
-}
-
 /// Signals in the order their pressure is relieved (memory first, as
 /// upstream's `byEvictionPriority`).
 fn priority(t: &Threshold) -> u8 {
@@ -142,6 +138,42 @@ fn priority(t: &Threshold) -> u8 {
         Signal::NodeFsAvailable | Signal::ImageFsAvailable => 1,
         Signal::NodeFsInodesFree | Signal::ImageFsInodesFree => 2,
         Signal::PidAvailable => 3,
+    }
+}
+
+/// What `pod` uses by its summary `stats` (none when the runtime has no
+/// figures for it yet) and its disk-backed emptyDirs.
+fn usage_of(pod: &Pod, stats: Option<&PodStats>, empty_dirs: Vec<EmptyDirUsage>) -> PodUsage {
+    let containers: Vec<ContainerUsage> = stats
+        .map(|s| s.containers.iter().map(container_usage).collect())
+        .unwrap_or_default();
+    let empty_dir_bytes: u64 = empty_dirs.iter().map(|d| d.used).sum();
+    PodUsage {
+        pod: pod.clone(),
+        memory: stats
+            .and_then(|s| s.memory.as_ref())
+            .and_then(|m| m.working_set_bytes)
+            .unwrap_or(0),
+        storage: containers.iter().map(|c| c.storage).sum::<u64>() + empty_dir_bytes,
+        containers,
+        empty_dirs,
+    }
+}
+
+/// A container's working set, and its writable layer plus logs.
+fn container_usage(c: &ContainerStats) -> ContainerUsage {
+    ContainerUsage {
+        name: c.name.clone(),
+        memory: c
+            .memory
+            .as_ref()
+            .and_then(|m| m.working_set_bytes)
+            .unwrap_or(0),
+        storage: [c.rootfs.as_ref(), c.logs.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.used_bytes)
+            .sum(),
     }
 }
 
@@ -190,14 +222,8 @@ impl Manager {
     /// Check every monitoring period until `shutdown`.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         tracing::info!(thresholds = ?self.settings.thresholds, "eviction manager");
-        let mut tick = tokio::time::interval(MONITORING_PERIOD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = &mut shutdown => return,
-            }
+        let mut ticks = crate::ticks::Ticks::new(MONITORING_PERIOD, shutdown);
+        while ticks.next().await {
             if let Err(e) = self.synchronize().await {
                 tracing::warn!("eviction manager: cannot read node stats: {e}");
             }
@@ -217,10 +243,9 @@ impl Manager {
         // Pods' figures cost a copy of the pods, a CRI stats call and walks
         // of their volumes: taken for the pods with storage limits, and
         // for all running pods only once a threshold is met.
-        let limited = self
-            .shared
-            .statuses
-            .list_where(|p, s| !is_terminal(s) && local_storage::has_limits(p));
+        let limited = self.shared.statuses.list_where(|p, s| {
+            !kube_util::podstatus::is_terminal(s) && local_storage::has_limits(p)
+        });
         if !limited.is_empty() {
             let usage = self.pod_usage(&limited).await?;
             if self.local_storage_eviction(&usage).await {
@@ -279,10 +304,9 @@ impl Manager {
         let Some(o) = observed.get(&threshold.signal).copied() else {
             return Ok(());
         };
-        let active = self
-            .shared
-            .statuses
-            .list_where(|p, s| !is_terminal(s) && !crate::pod::is_critical(p));
+        let active = self.shared.statuses.list_where(|p, s| {
+            !kube_util::podstatus::is_terminal(s) && !crate::pod::is_critical(p)
+        });
         let mut candidates = self.pod_usage(&active).await?;
         rank::rank(threshold.signal, &mut candidates);
         let Some(victim) = candidates.first() else {
@@ -319,59 +343,30 @@ impl Manager {
     /// The runtime's container stats could not be listed.
     async fn pod_usage(&self, pods: &[Pod]) -> Result<Vec<PodUsage>, cri_proto::Error> {
         let summary = crate::server::stats::collect(&self.shared).await?;
-        Ok(self.usage(&summary, pods).await)
-    }
-
-    async fn usage(&self, summary: &Summary, pods: &[Pod]) -> Vec<PodUsage> {
         let volumes: Vec<(Pod, std::path::PathBuf)> = pods
             .iter()
             .map(|p| (p.clone(), self.shared.volumes.volumes_dir(p.uid())))
             .collect();
-        let dirs: HashMap<String, Vec<EmptyDirUsage>> = tokio::task::spawn_blocking(move || {
+        // Walking the volumes is blocking work; a failed walk counts none.
+        let empty_dirs: Vec<Vec<EmptyDirUsage>> = tokio::task::spawn_blocking(move || {
             volumes
                 .iter()
-                .map(|(p, dir)| (p.uid().to_string(), local_storage::empty_dir_usage(dir, p)))
+                .map(|(p, dir)| local_storage::empty_dir_usage(dir, p))
                 .collect()
         })
         .await
         .unwrap_or_default();
-        pods.iter()
-            .map(|p| {
+        let empty_dirs = empty_dirs
+            .into_iter()
+            .chain(std::iter::repeat_with(Vec::new));
+        Ok(pods
+            .iter()
+            .zip(empty_dirs)
+            .map(|(p, empty_dirs)| {
                 let stats = summary.pods.iter().find(|s| s.pod_ref.uid == p.uid());
-                let containers: Vec<ContainerUsage> = stats
-                    .map(|s| {
-                        s.containers
-                            .iter()
-                            .map(|c| ContainerUsage {
-                                name: c.name.clone(),
-                                memory: c
-                                    .memory
-                                    .as_ref()
-                                    .and_then(|m| m.working_set_bytes)
-                                    .unwrap_or(0),
-                                storage: [c.rootfs.as_ref(), c.logs.as_ref()]
-                                    .into_iter()
-                                    .flatten()
-                                    .filter_map(|f| f.used_bytes)
-                                    .sum(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let empty_dirs = dirs.get(p.uid()).cloned().unwrap_or_default();
-                let empty_dir_bytes: u64 = empty_dirs.iter().map(|d| d.used).sum();
-                PodUsage {
-                    pod: p.clone(),
-                    memory: stats
-                        .and_then(|s| s.memory.as_ref())
-                        .and_then(|m| m.working_set_bytes)
-                        .unwrap_or(0),
-                    storage: containers.iter().map(|c| c.storage).sum::<u64>() + empty_dir_bytes,
-                    containers,
-                    empty_dirs,
-                }
+                usage_of(p, stats, empty_dirs)
             })
-            .collect()
+            .collect())
     }
 
     /// Evict the pods over their storage limits; whether any was.

@@ -64,14 +64,8 @@ impl Collector {
         tracing::info!(policy = ?self.policy, period = ?self.period, "image garbage collection");
         let began = Instant::now();
         let mut failed_before = false;
-        let mut tick = tokio::time::interval(self.period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = &mut shutdown => return,
-            }
+        let mut ticks = crate::ticks::Ticks::new(self.period, shutdown);
+        while ticks.next().await {
             match self.collect(began).await {
                 Ok(()) => failed_before = false,
                 // One failure may be a passing one (the runtime restarting).
@@ -119,12 +113,7 @@ impl Collector {
             "disk usage on image filesystem is over the high threshold, trying to free bytes down to the low threshold"
         );
         let chosen = self.records.to_free(&candidates, wanted, &self.policy, now);
-        let removed = self.remove(&chosen).await;
-        let freed: u64 = chosen
-            .iter()
-            .filter(|c| removed.contains(&c.id))
-            .map(|c| c.size)
-            .sum();
+        let freed = self.free(&chosen).await;
         if freed < wanted {
             let e = Error::NotEnough { wanted, freed };
             self.warn("FreeDiskSpaceFailed", &e.to_string());
@@ -147,12 +136,7 @@ impl Collector {
         let chosen = self
             .records
             .to_free(&candidates, u64::MAX, &self.policy, now);
-        let removed = self.remove(&chosen).await;
-        Ok(chosen
-            .iter()
-            .filter(|c| removed.contains(&c.id))
-            .map(|c| c.size)
-            .sum())
+        Ok(self.free(&chosen).await)
     }
 
     /// The runtime's images (the sandbox image counted as pinned) and the
@@ -221,6 +205,16 @@ impl Collector {
         })
         .await
         .map_err(|e| Error::Stats(e.to_string()))?
+    }
+
+    /// Remove `images`; the bytes freed.
+    async fn free(&mut self, images: &[Candidate]) -> u64 {
+        let removed = self.remove(images).await;
+        images
+            .iter()
+            .filter(|c| removed.contains(&c.id))
+            .map(|c| c.size)
+            .sum()
     }
 
     /// Remove `images`; the IDs removed. A failure is logged and the

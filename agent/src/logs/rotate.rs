@@ -83,14 +83,8 @@ impl LogManager {
             period = ?self.period,
             "container log rotation"
         );
-        let mut tick = tokio::time::interval(self.period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = &mut shutdown => return,
-            }
+        let mut ticks = crate::ticks::Ticks::new(self.period, shutdown);
+        while ticks.next().await {
             if let Err(e) = self.rotate_all().await {
                 tracing::warn!("cannot list containers for log rotation: {e}");
             }

@@ -166,7 +166,7 @@ impl Prober {
             return;
         }
         let shared_pod = Arc::new(pod.clone());
-        let terminal = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"));
+        let terminal = kube_util::podstatus::is_terminal(status);
         let pod_ip = status.pod_ip.clone().unwrap_or_default();
         let mut wanted = HashSet::new();
         for c in pod.containers() {

@@ -196,11 +196,10 @@ fn ns_time(ns: i64) -> String {
 /// The runtime's container stats could not be listed.
 pub async fn collect(shared: &Shared) -> Result<Summary, cri_proto::Error> {
     let cri = &shared.runtime.cri;
-    let config = &shared.config;
-    let (containers, sandboxes, image_fs) = tokio::join!(
+    let (containers, sandboxes, node) = tokio::join!(
         cri.list_container_stats(v1::ListContainerStatsRequest::default()),
         cri.list_pod_sandbox_stats(v1::ListPodSandboxStatsRequest::default()),
-        cri.image_fs_info(v1::ImageFsInfoRequest::default()),
+        node_only(shared),
     );
     let containers = containers?.stats;
     let sandboxes = match sandboxes {
@@ -210,31 +209,20 @@ pub async fn collect(shared: &Shared) -> Result<Summary, cri_proto::Error> {
             Vec::new()
         }
     };
-    let image_fs = image_fs
-        .ok()
-        .and_then(|r| r.image_filesystems.into_iter().next());
     let pods = shared.statuses.list();
-    let root = config.root_dir.clone();
-    let log_root = config.pod_log_dir.clone();
-    // statvfs, /proc and the log directories: blocking file system work.
-    let (node, log_sizes, image_fs) = tokio::task::spawn_blocking({
+    let log_root = shared.config.pod_log_dir.clone();
+    // The log directories: blocking file system work.
+    let log_sizes = tokio::task::spawn_blocking({
         let pods = pods.clone();
-        move || {
-            let image_fs = image_fs.map(|u| image_fs_stats(&u));
-            (node_stats(&root), log_sizes(&log_root, &pods), image_fs)
-        }
+        move || log_sizes(&log_root, &pods)
     })
     .await
     .map_err(|e| cri_proto::Error::InvalidEndpoint {
         endpoint: format!("stats task: {e}"),
     })?;
-    let cpu = node_cpu().await;
     let mut node = node;
-    node.node_name = config.node_name.clone();
-    node.cpu = cpu;
-    node.runtime = Some(RuntimeStats {
-        image_fs: image_fs.clone(),
-    });
+    node.cpu = node_cpu().await;
+    let image_fs = node.runtime.as_ref().and_then(|r| r.image_fs.clone());
     let pods = pods
         .iter()
         .map(|p| pod_stats(p, &containers, &sandboxes, &log_sizes, image_fs.as_ref()))

@@ -22,6 +22,7 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::Api;
+use kube_util::podstatus::is_terminal;
 use tokio::sync::{mpsc, watch};
 
 use crate::pod::PodExt;
@@ -210,8 +211,4 @@ impl StatusManager {
             self.sent.remove(&uid);
         }
     }
-}
-
-fn is_terminal(s: &PodStatus) -> bool {
-    matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
 }

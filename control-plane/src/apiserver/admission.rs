@@ -40,7 +40,7 @@ use crate::auth::node;
 /// 403 from ServiceAccount admission ([`super::serviceaccounts`]) or
 /// DefaultStorageClass ([`super::storageadmission`]).
 pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> ApiResult<()> {
-    if r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty() {
+    if r.is_resource("", "pods") {
         // NamespaceLifecycle runs first upstream: a missing namespace is
         // a 404, not a missing account.
         namespace_lifecycle(api, objects::namespace(obj).unwrap_or_default()).await?;
@@ -48,7 +48,7 @@ pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> 
         default_tolerations(obj, &api.default_toleration_seconds);
         super::limitranger::admit_create(api, r, obj).await?;
         super::priority::admit_create(api, r, obj).await?;
-        super::runtimeclass::admit_create(r, obj)?;
+        super::runtimeclass::admit_create(obj)?;
     }
     super::storageadmission::mutate_create(api, r, obj).await?;
     Ok(())
@@ -71,8 +71,7 @@ pub(crate) async fn validate(
     super::limitranger::validate(api, r, old, new).await?;
     super::priority::validate(api, r, old, new).await?;
     if let (Some(old), Some(new)) = (old, new) {
-        if r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty()
-        {
+        if r.is_resource("", "pods") {
             super::serviceaccounts::validate_update(old, new)?;
         }
         super::storageadmission::validate_update(api, r, old, new).await?;

@@ -19,10 +19,6 @@ use super::{ApiServer, Req};
 
 pub const ANNOTATION: &str = "kubernetes.io/limit-ranger";
 
-fn is(r: &Req, plural: &str) -> bool {
-    r.attrs.group.is_empty() && r.attrs.resource == plural && r.attrs.subresource.is_empty()
-}
-
 /// The namespace's LimitRanges, oldest key first.
 async fn ranges(api: &ApiServer, ns: &str) -> ApiResult<Vec<Value>> {
     let def = lookup("", "v1", "limitranges")
@@ -83,7 +79,7 @@ fn merge(
 /// # Errors
 /// The store fails.
 pub(crate) async fn admit_create(api: &ApiServer, r: &Req, pod: &mut Value) -> ApiResult<()> {
-    if !is(r, "pods") {
+    if !r.is_resource("", "pods") {
         return Ok(());
     }
     let ranges = ranges(api, r.ns.as_deref().unwrap_or_default()).await?;
@@ -185,9 +181,9 @@ pub(crate) async fn validate(
     let Some(new) = new else {
         return Ok(());
     };
-    let (plural, pods) = if is(r, "pods") && old.is_none() {
+    let (plural, pods) = if r.is_resource("", "pods") && old.is_none() {
         ("pods", true)
-    } else if is(r, "persistentvolumeclaims") {
+    } else if r.is_resource("", "persistentvolumeclaims") {
         ("persistentvolumeclaims", false)
     } else {
         return Ok(());

@@ -155,6 +155,14 @@ pub struct Req {
 }
 
 impl Req {
+    /// Whether the request is about the main resource `plural` of
+    /// `group` ("" for core), not one of its subresources: what an
+    /// admission plugin checks before it looks at the object.
+    pub fn is_resource(&self, group: &str, plural: &str) -> bool {
+        self.attrs.group == group
+            && self.attrs.resource == plural
+            && self.attrs.subresource.is_empty()
+    }
     pub fn key(&self) -> String {
         self.def
             .key(self.ns.as_deref(), self.name.as_deref().unwrap_or_default())

@@ -21,14 +21,6 @@ const PLURAL: &str = "priorityclasses";
 /// Upstream's `DefaultPriorityWhenNoDefaultClassExists`.
 const NO_DEFAULT_PRIORITY: i64 = 0;
 
-fn is_pods(r: &Req) -> bool {
-    r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty()
-}
-
-fn is_classes(r: &Req) -> bool {
-    r.attrs.group == GROUP && r.attrs.resource == PLURAL && r.attrs.subresource.is_empty()
-}
-
 fn classes_def() -> ApiResult<&'static ResourceDef> {
     lookup(GROUP, "v1", PLURAL).ok_or_else(|| ApiError::internal("priorityclasses are not served"))
 }
@@ -69,7 +61,7 @@ async fn default_class(api: &ApiServer) -> ApiResult<Option<Value>> {
 /// namespace, as upstream since 1.17 (DaemonSets in their own
 /// namespaces, such as CNI and CSI nodes, use `system-node-critical`).
 pub(crate) async fn admit_create(api: &ApiServer, r: &Req, pod: &mut Value) -> ApiResult<()> {
-    if !is_pods(r) {
+    if !r.is_resource("", "pods") {
         return Ok(());
     }
     let pod_name = objects::name(pod).unwrap_or_default().to_string();
@@ -144,7 +136,7 @@ pub(crate) async fn validate(
     old: Option<&Value>,
     new: Option<&Value>,
 ) -> ApiResult<()> {
-    if !is_classes(r) {
+    if !r.is_resource(GROUP, PLURAL) {
         return Ok(());
     }
     let Some(new) = new else {

@@ -8,16 +8,13 @@ use serde_json::Value;
 
 use super::objects;
 use super::priority::forbidden;
-use super::{ApiResult, Req};
+use super::ApiResult;
 
-/// Mutating admission of a new pod.
+/// Mutating admission of a new pod (the caller checked it is one).
 ///
 /// # Errors
 /// 403 with upstream's message for a `runtimeClassName` or an `overhead`.
-pub(crate) fn admit_create(r: &Req, pod: &Value) -> ApiResult<()> {
-    if !(r.attrs.group.is_empty() && r.attrs.resource == "pods" && r.attrs.subresource.is_empty()) {
-        return Ok(());
-    }
+pub(crate) fn admit_create(pod: &Value) -> ApiResult<()> {
     let name = objects::name(pod).unwrap_or_default();
     let spec = &pod["spec"];
     if let Some(class) = spec["runtimeClassName"].as_str().filter(|c| !c.is_empty()) {

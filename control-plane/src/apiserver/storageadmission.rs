@@ -19,22 +19,16 @@ use super::strategy::storage::BETA_CLASS_ANNOTATION;
 use super::{ApiServer, Req};
 use kube_util::storage::{PVC_PROTECTION_FINALIZER, PV_PROTECTION_FINALIZER};
 
-/// Whether the request is a write of the main resource `plural` of the
-/// core group.
-fn is_core(r: &Req, plural: &str) -> bool {
-    r.attrs.group.is_empty() && r.attrs.resource == plural && r.attrs.subresource.is_empty()
-}
-
 /// Mutating admission of a new claim or volume.
 ///
 /// # Errors
 /// 403 when the classes cannot be read (upstream's DefaultStorageClass
 /// refuses rather than leave a claim without the class it should get).
 pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> ApiResult<()> {
-    if is_core(r, "persistentvolumeclaims") {
+    if r.is_resource("", "persistentvolumeclaims") {
         default_class(api, r, obj).await?;
         add_finalizer(obj, PVC_PROTECTION_FINALIZER);
-    } else if is_core(r, "persistentvolumes") {
+    } else if r.is_resource("", "persistentvolumes") {
         add_finalizer(obj, PV_PROTECTION_FINALIZER);
     }
     Ok(())
@@ -51,7 +45,7 @@ pub(crate) async fn validate_update(
     old: &Value,
     new: &Value,
 ) -> ApiResult<()> {
-    if !is_core(r, "persistentvolumeclaims") {
+    if !r.is_resource("", "persistentvolumeclaims") {
         return Ok(());
     }
     let size = |v: &Value| {

@@ -124,19 +124,22 @@ async fn gc(n: usize) -> Result<()> {
         .images
         .len();
     const PASSES: u32 = 50;
-    let (raw_cpu, raw_wall) = measure(PASSES, || raw_listing(&cri)).await?;
+    let meter = Meter::start()?;
+    for _ in 0..PASSES {
+        raw_listing(&cri).await?;
+    }
+    let (raw_cpu, raw_wall) = meter.per_pass(PASSES)?;
     let keep = Policy {
         high_threshold_percent: 100,
         ..Policy::default()
     };
     let mut collector = Collector::new(cri.clone(), keep, Duration::from_secs(300), None);
     let began = Instant::now();
-    let (cpu0, t) = (cpu_ms()?, Instant::now());
+    let meter = Meter::start()?;
     for _ in 0..PASSES {
         collector.collect(began).await?;
     }
-    let wall = t.elapsed().as_secs_f64() * 1000.0 / f64::from(PASSES);
-    let cpu = (cpu_ms()? - cpu0) / f64::from(PASSES);
+    let (cpu, wall) = meter.per_pass(PASSES)?;
     // Everything unused is past a one-second maximum age, counted from a
     // start an hour ago.
     let remove_all = Policy {
@@ -192,21 +195,26 @@ async fn raw_listing(cri: &CriClient) -> Result<()> {
     Ok(())
 }
 
-/// Mean CPU (this process, user + system) and wall time of `passes` runs
-/// of `f`, in milliseconds.
-async fn measure<F, Fut>(passes: u32, mut f: F) -> Result<(f64, f64)>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    let cpu0 = cpu_ms()?;
-    let t = Instant::now();
-    for _ in 0..passes {
-        f().await?;
+/// CPU (this process, user + system) and wall time since it started.
+struct Meter {
+    cpu_ms: f64,
+    at: Instant,
+}
+
+impl Meter {
+    fn start() -> Result<Meter> {
+        Ok(Meter {
+            cpu_ms: cpu_ms()?,
+            at: Instant::now(),
+        })
     }
-    let wall = t.elapsed().as_secs_f64() * 1000.0 / f64::from(passes);
-    let cpu = (cpu_ms()? - cpu0) / f64::from(passes);
-    Ok((cpu, wall))
+
+    /// Mean CPU and wall time in milliseconds of each of `passes`.
+    fn per_pass(&self, passes: u32) -> Result<(f64, f64)> {
+        let n = f64::from(passes);
+        let wall = self.at.elapsed().as_secs_f64() * 1000.0 / n;
+        Ok(((cpu_ms()? - self.cpu_ms) / n, wall))
+    }
 }
 
 /// This process's user + system CPU time so far, from /proc/self/stat.
