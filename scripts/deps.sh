@@ -6,7 +6,8 @@ set -euo pipefail
 # systemd, systemd-container, dbus-daemon, openssl: the systemd tests
 # (systemd-analyze, a systemd-nspawn container with systemd as PID 1, a
 # private bus for graceful node shutdown, the served serving certificate).
-PACKAGES=(containerd runc containernetworking-plugins nftables iptables iproute2
+# crun: a second OCI runtime, containerd's `crun` handler for RuntimeClasses.
+PACKAGES=(containerd runc crun containernetworking-plugins nftables iptables iproute2
           busybox-static etcd-server etcd-client protobuf-compiler gcc libc6-dev ca-certificates curl conntrack
           bind9-dnsutils systemd systemd-container dbus-daemon openssl)
 

@@ -49,6 +49,6 @@ ip route show proto 88 | while read -r route; do ip route del $route proto 88 ||
 ip link del skiff0 2>/dev/null || true
 if [ "${1:-}" = "--purge" ]; then
     # The node kubeconfig is signed by the CA that goes with the state.
-    rm -rf "$STATE" "$RUN" "$ETC/manifests.down" "$ETC/node.kubeconfig" "$ETC/cni"
+    rm -rf "$STATE" "$RUN" "$ETC/manifests.down" "$ETC/node.kubeconfig" "$ETC/cni" "$ETC/certs.d"
 fi
 echo "skiff stopped"

@@ -32,9 +32,12 @@ running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 capeff=$(awk '/^CapEff/ {print $2}' /proc/self/status)
 if (( (0x$capeff >> 24) & 1 )); then RESTRICT_OOM=false; else RESTRICT_OOM=true; fi
 
-if ! running "$RUN/containerd.pid"; then
-    echo "== starting containerd (socket $SOCK, restrict_oom_score_adj=$RESTRICT_OOM)"
-    cat > "$ETC/containerd.toml" <<TOML
+# containerd reads registry host files from $ETC/certs.d at every pull:
+# the agent writes them there from $ETC/registries.yaml when that exists.
+# crun is a second runtime handler, for RuntimeClasses.
+install -m 0755 scripts/crun-hybrid /usr/local/bin/skiff-crun
+mkdir -p "$ETC/certs.d"
+cat > "$ETC/containerd.toml.new" <<TOML
 version = 2
 root = "$STATE/containerd"
 state = "$RUN/containerd/state"
@@ -50,12 +53,29 @@ state = "$RUN/containerd/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$ETC/cni"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$ETC/certs.d"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun.options]
+        BinaryName = "/usr/local/bin/skiff-crun"
 TOML
-    setsid nohup containerd --config "$ETC/containerd.toml" >/var/log/skiff/containerd.log 2>&1 &
+# A containerd started with an older config is restarted with this one
+# (its containers keep running: their shims outlive it).
+if running "$RUN/containerd.pid" && ! cmp -s "$ETC/containerd.toml.new" "$ETC/containerd.toml"; then
+    echo "== restarting containerd with the new configuration"
+    kill "$(cat "$RUN/containerd.pid")"
+    for _ in $(seq 100); do running "$RUN/containerd.pid" || break; sleep 0.1; done
+fi
+mv "$ETC/containerd.toml.new" "$ETC/containerd.toml"
+if ! running "$RUN/containerd.pid"; then
+    echo "== starting containerd (socket $SOCK, restrict_oom_score_adj=$RESTRICT_OOM)"
+    rm -f "$SOCK"
+    setsid nohup containerd --config "$ETC/containerd.toml" >>/var/log/skiff/containerd.log 2>&1 &
     echo $! > "$RUN/containerd.pid"
     for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 fi

@@ -48,6 +48,8 @@ pub enum Error {
     },
     #[error(transparent)]
     ApiClient(#[from] crate::apiclient::Error),
+    #[error("registries file: {0}")]
+    Registries(#[from] crate::registries::config::Error),
     #[error("node server: {0}")]
     NodeServerTls(#[from] crate::server::tls::Error),
     #[error("cannot listen on {address} for the node server: {source} (change --address / --port, or --port=0 to turn it off)")]
@@ -153,6 +155,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         static_pods = %config.static_pod_path.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
         "skiff-agent starting"
     );
+    let registries = crate::registries::Current::new(match &config.registries_config {
+        Some(path) => crate::registries::config::load(path)?,
+        None => Default::default(),
+    });
     let statuses = Arc::new(StatusStore::default());
     // Receiver: the pod manager, which routes wake-ups by pod uid. Senders:
     // the PLEG's event stream and the prober (a probe result changed).
@@ -178,7 +184,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             config.backoff_initial,
             config.backoff_max,
         ))
-        .with_client(client.clone()),
+        .with_client(client.clone())
+        .with_registries(registries.clone()),
+        runtime_classes: crate::runtime::runtimeclass::Lookup::new(client.clone()),
         config: config.clone(),
         runtime: runtime.clone(),
         pressure: Arc::new(crate::pressure::Pressure::default()),
@@ -291,6 +299,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         node_recorder.as_ref(),
         &stopped,
     );
+    if let Some(path) = &config.registries_config {
+        let watcher = crate::registries::Watcher::new(
+            path.clone(),
+            runtime_for_node.cri.clone(),
+            registries.clone(),
+            node_recorder.clone(),
+        );
+        tokio::spawn(watcher.run(stopped()));
+    }
     let mut node_task = None;
     let shutting_down = Arc::new(crate::shutdown::ShuttingDown::default());
     if let (Some(c), Some(recorder)) = (&client, node_recorder.clone()) {

@@ -50,6 +50,8 @@ pub const DEFAULT_CONFIG_DIR: &str = "/etc/skiff/agent";
 pub const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 /// Where the kubelet writes container logs.
 pub const DEFAULT_POD_LOG_DIR: &str = "/var/log/pods";
+/// k3s reads its `registries.yaml` from its own /etc directory too.
+pub const DEFAULT_REGISTRIES_CONFIG: &str = "/etc/skiff/registries.yaml";
 /// The config file `install` writes there.
 pub const CONFIG_FILE: &str = "config.yaml";
 
@@ -278,6 +280,10 @@ settings! {
         /// into the runtime (ROOT_DIR/images).
         #[arg(long)]
         pub image_import_dir: Option<PathBuf>,
+        /// Registry mirrors, logins and TLS in k3s's registries.yaml
+        /// format (/etc/skiff/registries.yaml; empty: none).
+        #[arg(long, value_parser = path_or_empty)]
+        pub registries_config: Option<PathBuf>,
         /// How often images are collected (5m, the kubelet's fixed period).
         #[arg(long, value_parser = parse_duration)]
         #[serde(default, rename = "imageGCPeriod", deserialize_with = "duration")]
@@ -351,6 +357,11 @@ impl Settings {
             .unwrap_or_else(|| root_dir.join("images"));
         Config {
             image_import_dir,
+            registries_config: match self.registries_config {
+                None => Some(DEFAULT_REGISTRIES_CONFIG.into()),
+                Some(p) if p.as_os_str().is_empty() => None,
+                Some(p) => Some(p),
+            },
             node_name: self.node_name.unwrap_or_else(default_node_name),
             local_path_root: self.local_path_root.unwrap_or_else(|| {
                 // Announced to the control plane, which joins volume
@@ -539,6 +550,8 @@ pub struct Config {
     pub image_gc_period: Duration,
     /// Archives here are imported into the runtime.
     pub image_import_dir: PathBuf,
+    /// The registries file (mirrors, logins, TLS); None: not read.
+    pub registries_config: Option<PathBuf>,
     /// Eviction thresholds by signal name (`evictionHard`...), parsed and
     /// checked by [`crate::eviction::Settings::from_config`] at start.
     pub eviction_hard: BTreeMap<String, String>,
@@ -843,6 +856,12 @@ pub fn parse_optional_addr(s: &str) -> std::result::Result<Option<SocketAddr>, S
         .map_err(|e| format!("invalid address {s:?}: {e} (expected HOST:PORT, or none)"))
 }
 
+/// A path where an empty value means "none" (clap's own path parser
+/// refuses an empty value).
+fn path_or_empty(s: &str) -> std::result::Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
+}
+
 /// A Go duration (`10s`, `1h30m`, `250ms`) or plain seconds, as the
 /// kubelet's flags and KubeletConfiguration take them (clap wants the error
 /// as text).
@@ -969,6 +988,26 @@ mod tests {
         assert_eq!(c.image_gc.min_age, Duration::from_secs(60));
         assert_eq!(c.image_gc.max_age, Duration::from_secs(3600));
         assert_eq!(c.image_gc_period, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn registries_file_defaults_and_can_be_turned_off() {
+        let c = Settings::default().resolve();
+        assert_eq!(
+            c.registries_config,
+            Some(PathBuf::from("/etc/skiff/registries.yaml"))
+        );
+        assert_eq!(
+            flags(&["--registries-config="]).resolve().registries_config,
+            None
+        );
+        let c = flags(&[])
+            .or(file(
+                "registriesConfig: /r.yaml
+",
+            ))
+            .resolve();
+        assert_eq!(c.registries_config, Some(PathBuf::from("/r.yaml")));
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //!   observation, starting sandboxes and containers ([`runtime::start`]),
 //!   image pulls and their back-off ([`runtime::image`]) with the pods'
 //!   pull secrets ([`runtime::credentials`]), stops and teardown.
+//! - [`registries`]: registry mirrors, logins and TLS from the
+//!   registries file, written as containerd's registry host configuration.
 //! - [`pleg`]: relisting (and CRI events) to wake workers; runtime health.
 //! - [`status`]: PodStatus as the kubelet computes it; the status store
 //!   and the manager that writes it to the API.
@@ -67,6 +69,7 @@ pub mod pleg;
 pub mod pod;
 pub mod pressure;
 pub mod prober;
+pub mod registries;
 pub mod runtime;
 pub mod server;
 pub mod shared;

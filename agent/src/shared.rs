@@ -27,6 +27,8 @@ pub struct Shared {
     pub crash_backoff: Mutex<Backoff>,
     /// Image pulls and their ImagePullBackOff delays.
     pub images: ImagePuller,
+    /// The runtime handlers of the pods' RuntimeClasses.
+    pub runtime_classes: crate::runtime::runtimeclass::Lookup,
     pub host_ip: String,
     /// Liveness / readiness / startup probe workers and their results.
     pub prober: crate::prober::Prober,

@@ -24,6 +24,9 @@ use crate::runtime::state::PodRuntime;
 use crate::shared::Shared;
 use crate::status::{self, WaitReason};
 
+/// How soon a pod whose RuntimeClass could not be read tries again.
+const RUNTIME_CLASS_RETRY: Duration = Duration::from_secs(10);
+
 /// Messages to a worker. Senders: the pod manager. The worker exits when
 /// the channel closes (agent shutdown: containers keep running).
 #[derive(Debug)]
@@ -350,13 +353,24 @@ async fn act(
         .filter(|s| s.ready)
         .map(|s| (s.id.clone(), s.ips.first().cloned()));
     if let Some(attempt) = plan.create_sandbox {
-        match start::create_sandbox(shared, pod, attempt).await {
+        let failed = |e: &dyn std::fmt::Display| {
+            let msg = format!("Failed to create pod sandbox: {e}");
+            shared
+                .recorder
+                .event(pod, WARNING, "FailedCreatePodSandBox", &msg);
+        };
+        let handler = match shared.runtime_classes.handler(pod).await {
+            Ok(h) => h,
+            Err(e) => {
+                // As the kubelet: no sandbox, and another try later.
+                failed(&e);
+                return Ok(Some(RUNTIME_CLASS_RETRY));
+            }
+        };
+        match start::create_sandbox(shared, pod, attempt, handler).await {
             Ok(s) => sandbox = Some(s),
             Err(e) => {
-                let msg = format!("Failed to create pod sandbox: {e}");
-                shared
-                    .recorder
-                    .event(pod, WARNING, "FailedCreatePodSandBox", &msg);
+                failed(&e);
                 return Err(e);
             }
         }

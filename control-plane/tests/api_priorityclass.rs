@@ -300,8 +300,9 @@ async fn pod_updates_keep_the_resolved_priority() {
     );
 }
 
-/// RuntimeClasses are not served: a pod naming one is refused as upstream
-/// refuses a missing class, rather than accepted and run without it.
+/// A pod naming a RuntimeClass that does not exist is refused (upstream's
+/// RuntimeClass admission), rather than accepted and run without it; so
+/// is an overhead no class set. `api_runtimeclass` covers classes that exist.
 #[tokio::test(flavor = "multi_thread")]
 async fn pods_naming_a_runtime_class_are_refused() {
     let s = TestServer::start().await;

@@ -15,11 +15,16 @@ use k8s_openapi::List;
 
 use crate::containerd::Containerd;
 
-/// Every test agent's image GC and eviction thresholds: off, unless a
-/// test turns them on (a flag given again wins). A test machine's disk
-/// may well be over 85 % full, and side-loaded images have no registry
-/// to come back from.
-pub const NO_RECLAIM_FLAGS: [&str; 2] = ["--image-gc-high-threshold=100", "--eviction-hard="];
+/// Flags every test agent gets, unless a test gives them again (the last
+/// one wins): image GC and eviction off (a test machine's disk may well
+/// be over 85 % full, and side-loaded images have no registry to come
+/// back from), and no registries file (the host's
+/// /etc/skiff/registries.yaml belongs to the machine's own node).
+pub const TEST_AGENT_FLAGS: [&str; 3] = [
+    "--image-gc-high-threshold=100",
+    "--eviction-hard=",
+    "--registries-config=",
+];
 
 /// Path of a workspace binary, built once per test process (`cargo build`
 /// is a no-op when it is up to date). `SKIFF_<NAME>_BIN` overrides it.
@@ -146,7 +151,7 @@ impl Agent {
                 dir.join("ca/pki/ca.crt").display()
             ));
         }
-        args.extend(NO_RECLAIM_FLAGS.map(String::from));
+        args.extend(TEST_AGENT_FLAGS.map(String::from));
         args.extend(opts.extra_args);
         let mut agent = Agent {
             child: None,

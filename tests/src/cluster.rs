@@ -292,7 +292,7 @@ impl Cluster {
             format!("--node-ip={}", ns.ip),
             format!("--resolv-conf={}", resolv_conf.display()),
         ];
-        args.extend(crate::agent::NO_RECLAIM_FLAGS.map(String::from));
+        args.extend(crate::agent::TEST_AGENT_FLAGS.map(String::from));
         if !opts.labels.is_empty() {
             let labels: Vec<String> = opts
                 .labels

@@ -31,6 +31,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const CRI_TIMEOUT: Duration = Duration::from_secs(20);
 /// Grace period between SIGTERM and SIGKILL for containerd.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Debian's crun as containerd's `crun` runtime handler runs it: through
+/// the repository's wrapper, since crun 1.8 refuses these machines'
+/// hybrid cgroup layout (see the script).
+pub const CRUN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/crun-hybrid");
 /// CNI plugins of containernetworking-plugins.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// Third octets handed out to fixtures: 198.18.100.0/24 .. 198.18.254.0/24.
@@ -310,6 +314,11 @@ impl Containerd {
         &self.snapshotter
     }
 
+    /// crun's state root for the `crun` handler (`<root>/k8s.io/<id>`).
+    pub fn crun_root(&self) -> PathBuf {
+        self.record.dir.join("crun")
+    }
+
     /// The generated containerd config.
     pub fn config_path(&self) -> &Path {
         &self.config_path
@@ -556,6 +565,13 @@ impl Containerd {
         let _ = writeln!(t, "  SystemdCgroup = false");
         // A private runc root: leftovers are found (and deleted) there.
         let _ = writeln!(t, "  Root = \"{}\"\n", self.record.runc_root.display());
+        // A second OCI runtime for RuntimeClasses: the same shim with crun.
+        let _ = writeln!(t, "[{cri}.containerd.runtimes.crun]");
+        let _ = writeln!(t, "  runtime_type = \"io.containerd.runc.v2\"\n");
+        let _ = writeln!(t, "[{cri}.containerd.runtimes.crun.options]");
+        let _ = writeln!(t, "  BinaryName = \"{CRUN}\"");
+        let _ = writeln!(t, "  SystemdCgroup = false");
+        let _ = writeln!(t, "  Root = \"{d}/crun\"\n");
         let _ = writeln!(t, "[{cri}.cni]");
         let _ = writeln!(t, "  bin_dir = \"{CNI_BIN_DIR}\"");
         let _ = writeln!(t, "  conf_dir = \"{d}/cni\"");

@@ -5,8 +5,13 @@
 //! message; a pod whose ServiceAccount carries the pull secret gets it and
 //! runs; a pull secret that does not exist is reported and skipped.
 //!
-//! One cluster of one node; each pod has an image tag of its own, so that
-//! none finds its image already present.
+//! A registries file (k3s's registries.yaml) on the node: a mirror for
+//! docker.io and a registry's own TLS and login reach containerd through
+//! its registry host files; a change applies without a restart, a change
+//! that does not read is refused and reported.
+//!
+//! One cluster of one node per test; each pod has an image tag of its
+//! own, so that none finds its image already present.
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -79,15 +84,27 @@ fn record_waits(
     })
 }
 
-#[tokio::test]
-async fn private_registry_pull_secrets() -> Result<()> {
-    let mut cluster = Cluster::start(1, ClusterOptions::default()).await?;
-    // The nodes reach the host on the API server's LAN address only.
+/// The private registry serving `images` for `cluster`'s nodes, which
+/// reach the host on the API server's LAN address only.
+fn serve(cluster: &Cluster, images: &[(&str, &str, &images::OciImage)]) -> Result<Distribution> {
     let url: http::Uri = cluster.server_url().parse()?;
     let ip: IpAddr = url
         .host()
         .ok_or_else(|| anyhow!("no host in {}", cluster.server_url()))?
         .parse()?;
+    Distribution::start(
+        &cluster.dir().join("distribution"),
+        ip,
+        free_port()?,
+        USER,
+        PASSWORD,
+        images,
+    )
+}
+
+#[tokio::test]
+async fn private_registry_pull_secrets() -> Result<()> {
+    let mut cluster = Cluster::start(1, ClusterOptions::default()).await?;
     let built: Vec<_> = TAGS
         .iter()
         .map(|t| images::toolbox_tag(&format!("private-{t}")))
@@ -97,14 +114,7 @@ async fn private_registry_pull_secrets() -> Result<()> {
         .zip(&built)
         .map(|(t, i)| (REPOSITORY, *t, i))
         .collect();
-    let registry = Distribution::start(
-        &cluster.dir().join("distribution"),
-        ip,
-        free_port()?,
-        USER,
-        PASSWORD,
-        &served,
-    )?;
+    let registry = serve(&cluster, &served)?;
 
     // The node's containerd trusts the test CA (and only for this host).
     let node = &mut cluster.nodes_mut()[0];
@@ -256,6 +266,117 @@ async fn private_registry_pull_secrets() -> Result<()> {
         "no FailedToRetrieveImagePullSecret event: {:?}",
         list.items.iter().map(|e| (&e.reason, &e.message)).collect::<Vec<_>>()
     );
+
+    drop(registry);
+    cluster.finish().await
+}
+
+#[tokio::test]
+async fn registries_file_mirrors_logins_and_tls() -> Result<()> {
+    let mut cluster = Cluster::start(1, ClusterOptions::default()).await?;
+    let mirrored = images::toolbox_tag("mirrored")?;
+    let direct = images::toolbox_tag("direct")?;
+    let registry = serve(
+        &cluster,
+        &[
+            ("library/mirrored", "v1", &mirrored),
+            ("team/direct", "v1", &direct),
+        ],
+    )?;
+    let host = registry.host();
+
+    // containerd reads registry host files from the node's certs.d; the
+    // agent learns that directory from containerd and writes there.
+    let node = &mut cluster.nodes_mut()[0];
+    let hosts_dir = node.dir().join("certs.d");
+    let config = node.containerd().config_path().to_path_buf();
+    let mut toml = std::fs::read_to_string(&config)?;
+    toml.push_str(&format!(
+        "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"{}\"\n",
+        hosts_dir.display()
+    ));
+    std::fs::write(&config, toml)?;
+    node.containerd_mut().restart().await?;
+
+    let file = node.dir().join("registries.yaml");
+    let configs = format!(
+        "configs:\n  \"{host}\":\n    auth: {{username: {USER}, password: {PASSWORD}}}\n    tls: {{ca_file: {}}}\n",
+        registry.ca_file().display()
+    );
+    let mirrors = format!("mirrors:\n  docker.io:\n    endpoint: [\"https://{host}\"]\n");
+    std::fs::write(&file, format!("{mirrors}{configs}"))?;
+    node.set_agent_flag("registries-config", &file.display().to_string());
+    node.kill_agent();
+    node.start_agent()?;
+    let name = node.name().to_string();
+    cluster.wait_node_ready(&name, T).await?;
+
+    // `mirrored:v1` is docker.io/library/mirrored:v1: only the mirror has
+    // it. `direct` names the registry itself: its CA and login apply.
+    let pods_yaml = [
+        pod("mirrored", "mirrored:v1", ""),
+        pod("direct", &format!("{host}/team/direct:v1"), ""),
+    ];
+    cluster.apply(&pods_yaml.join("---\n")).await?;
+    for pod in ["mirrored", "direct"] {
+        cluster
+            .kubectl_ok(&[
+                "wait",
+                "--for=condition=Ready",
+                &format!("pod/{pod}"),
+                "--timeout=120s",
+            ])
+            .await
+            .with_context(|| {
+                format!(
+                    "pod {pod} did not run; agent log:\n{}\nregistry log:\n{}",
+                    cluster.nodes()[0].agent_log_tail(40),
+                    registry.log()
+                )
+            })?;
+    }
+    let mirror_file = hosts_dir.join("docker.io/hosts.toml");
+    let written = std::fs::read_to_string(&mirror_file)?;
+    ensure!(
+        written.contains(&format!("[host.\"https://{host}\"]")),
+        "{written}"
+    );
+
+    // A change that does not read is reported and changes nothing.
+    std::fs::write(
+        &file,
+        format!("{mirrors}    rewrite: {{\"^library/(.*)\": \"mirror/$1\"}}\n{configs}"),
+    )?;
+    let client = cluster.client().await?;
+    let events: Api<Event> = Api::namespaced(client, "default");
+    let fields = format!("involvedObject.name={name}");
+    let message = wait_for("RegistriesConfigInvalid event", T, || {
+        let events = events.clone();
+        let fields = fields.clone();
+        async move {
+            let list = events.list(&ListParams::default().fields(&fields)).await?;
+            list.items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("RegistriesConfigInvalid"))
+                .find_map(|e| e.message)
+                .ok_or_else(|| anyhow!("no event yet"))
+        }
+    })
+    .await?;
+    ensure!(
+        message.contains("mirrors.\"docker.io\".rewrite: rewrite rules are not supported"),
+        "{message}"
+    );
+    ensure!(mirror_file.exists(), "a refused change removed the mirror");
+
+    // Without the mirror, its file goes; the registry's own stays.
+    std::fs::write(&file, &configs)?;
+    wait_for("the mirror's host file removed", T, || {
+        let gone = !mirror_file.exists();
+        async move { gone.then_some(()).ok_or_else(|| anyhow!("still there")) }
+    })
+    .await?;
+    ensure!(hosts_dir.join(&host).join("hosts.toml").exists());
 
     drop(registry);
     cluster.finish().await

@@ -101,15 +101,6 @@ fn check_sysctl(
 /// The [`Rejection`] the pod is failed with.
 pub fn admit(pod: &Pod, node: &NodeFacts) -> Result<(), Rejection> {
     let spec = pod.spec.clone().unwrap_or_default();
-    // RuntimeClasses are not served, so none resolves to a handler (the
-    // API server refuses such pods; a static pod is refused here rather
-    // than run under the default runtime).
-    if let Some(class) = spec.runtime_class_name.as_deref().filter(|c| !c.is_empty()) {
-        return Err(Rejection {
-            reason: "RuntimeClassNotFound",
-            message: format!("runtimeclass.node.k8s.io {class:?} not found"),
-        });
-    }
     let psc = spec.security_context.clone().unwrap_or_default();
     for s in psc.sysctls.iter().flatten() {
         check_sysctl(
@@ -244,16 +235,6 @@ mod tests {
         };
         let p = pod("metadata: {name: p}\nspec:\n  securityContext:\n    sysctls: [{name: vm.swappiness, value: '1'}]\n  containers: [{name: c}]\n");
         assert!(admit(&p, &node).is_err());
-    }
-
-    #[test]
-    fn runtime_classes_are_refused() {
-        let p = pod(
-            "metadata: {name: p}\nspec:\n  runtimeClassName: crun\n  containers: [{name: c}]\n",
-        );
-        let r = admit(&p, &NODE).unwrap_err();
-        assert_eq!(r.reason, "RuntimeClassNotFound");
-        assert_eq!(r.message, "runtimeclass.node.k8s.io \"crun\" not found");
     }
 
     #[test]

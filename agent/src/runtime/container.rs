@@ -189,18 +189,7 @@ fn linux_config(pod: &Pod, c: &Container, ctx: &ContainerContext) -> v1::LinuxCo
         resources::get(c, Which::Limit, "cpu").and_then(|q| resources::parse_cpu_millis(&q));
     let mem_lim =
         resources::get(c, Which::Limit, "memory").and_then(|q| resources::parse_bytes(&q));
-    let quota = resources::cpu_quota(cpu_lim);
-    let res = v1::LinuxContainerResources {
-        cpu_period: if quota > 0 {
-            resources::CPU_PERIOD_US
-        } else {
-            0
-        },
-        cpu_quota: quota,
-        cpu_shares: resources::cpu_shares(cpu_req),
-        memory_limit_in_bytes: mem_lim.unwrap_or(0),
-        ..Default::default()
-    };
+    let res = resources::linux_resources(cpu_req, cpu_lim, mem_lim);
     let mut security =
         security::container_security(pod, c, ctx.image_user.as_ref().ok(), &ctx.node);
     security.namespace_options = Some(namespace_options(pod));

@@ -79,25 +79,37 @@ impl TryFrom<RawEntry> for Entry {
                 password: raw.password,
             });
         }
-        // Padded or not: docker clients write both.
-        let field = raw.auth.trim();
-        let decoded = if field.ends_with('=') {
-            base64::engine::general_purpose::STANDARD.decode(field)
-        } else {
-            base64::engine::general_purpose::STANDARD_NO_PAD.decode(field)
-        };
-        let decoded = decoded.map_err(|e| e.to_string())?;
-        let decoded = String::from_utf8_lossy(&decoded);
-        match decoded.split_once(':') {
-            Some((user, pass)) => Ok(Entry {
-                username: user.to_string(),
-                password: pass.to_string(),
-            }),
-            None => Err(
-                "unable to parse auth field, must be formatted as base64(username:password)"
-                    .to_string(),
-            ),
-        }
+        let cred = decode_auth(&raw.auth)?;
+        Ok(Entry {
+            username: cred.username,
+            password: cred.password,
+        })
+    }
+}
+
+/// A docker config `auth` field: base64 of `user:password`, padded or not
+/// (docker clients write both).
+///
+/// # Errors
+/// Upstream's message when it is not base64 of `user:password`.
+pub fn decode_auth(field: &str) -> Result<Credential, String> {
+    let field = field.trim();
+    let decoded = if field.ends_with('=') {
+        base64::engine::general_purpose::STANDARD.decode(field)
+    } else {
+        base64::engine::general_purpose::STANDARD_NO_PAD.decode(field)
+    };
+    let decoded = decoded.map_err(|e| e.to_string())?;
+    let decoded = String::from_utf8_lossy(&decoded);
+    match decoded.split_once(':') {
+        Some((user, pass)) => Ok(Credential {
+            username: user.to_string(),
+            password: pass.to_string(),
+        }),
+        None => Err(
+            "unable to parse auth field, must be formatted as base64(username:password)"
+                .to_string(),
+        ),
     }
 }
 

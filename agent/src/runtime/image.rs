@@ -14,6 +14,7 @@ use super::{wait, StartError};
 use crate::backoff::Backoff;
 use crate::events::{Recorder, NORMAL, WARNING};
 use crate::pod::PodExt;
+use crate::registries::auth::logins_for;
 use crate::status::WaitReason;
 
 /// Pulls images, holding the ImagePullBackOff delays (keyed
@@ -22,6 +23,8 @@ pub struct ImagePuller {
     backoff: Mutex<Backoff>,
     /// Reads the pods' image pull secrets; None without an API connection.
     client: Option<kube::Client>,
+    /// The node's logins from the registries file.
+    registries: crate::registries::Current,
 }
 
 impl ImagePuller {
@@ -29,7 +32,14 @@ impl ImagePuller {
         ImagePuller {
             backoff: Mutex::new(backoff),
             client: None,
+            registries: Default::default(),
         }
+    }
+
+    /// Log in with the registries file's logins too.
+    pub fn with_registries(mut self, registries: crate::registries::Current) -> ImagePuller {
+        self.registries = registries;
+        self
     }
 
     /// Read image pull secrets through `client`.
@@ -164,10 +174,10 @@ impl ImagePuller {
     }
 
     /// PullImage as the kubelet's `PullImage`: without credentials when
-    /// none of the pod's pull secrets matches the image, else with each
-    /// matching one in turn until one works. The secrets are read for this
-    /// pull only; a secret that cannot be read is skipped with upstream's
-    /// warning event.
+    /// no login matches the image, else with each matching one in turn
+    /// until one works: the pod's pull secrets first, then the node's
+    /// (the registries file). The secrets are read for this pull only; a
+    /// secret that cannot be read is skipped with upstream's warning event.
     ///
     /// # Errors
     /// The runtime's message (several: upstream's aggregate `[a, b]`), or
@@ -195,11 +205,15 @@ impl ImagePuller {
             }
             None => Vec::new(),
         };
-        let auths: Vec<Option<v1::AuthConfig>> = if creds.is_empty() {
-            vec![None]
-        } else {
-            creds.iter().map(|c| Some(c.to_cri())).collect()
-        };
+        let node_logins = logins_for(&self.registries.get(), &spec.image);
+        let mut auths: Vec<Option<v1::AuthConfig>> = creds
+            .iter()
+            .map(|c| Some(c.to_cri()))
+            .chain(node_logins.into_iter().map(Some))
+            .collect();
+        if auths.is_empty() {
+            auths.push(None);
+        }
         let mut errors = Vec::new();
         for auth in auths {
             let req = v1::PullImageRequest {

@@ -9,6 +9,7 @@ pub mod downward;
 pub mod image;
 pub mod labels;
 pub mod resources;
+pub mod runtimeclass;
 pub mod sandbox;
 pub mod security;
 pub mod service_env;

@@ -61,6 +61,23 @@ pub fn cpu_quota(limit_millis: Option<i64>) -> i64 {
     }
 }
 
+/// The cgroup settings for a CPU request and limit (millicores) and a
+/// memory limit (bytes), as the kubelet's `calculateLinuxResources`.
+pub fn linux_resources(
+    cpu_request: Option<i64>,
+    cpu_limit: Option<i64>,
+    memory_limit: Option<i64>,
+) -> cri_proto::v1::LinuxContainerResources {
+    let quota = cpu_quota(cpu_limit);
+    cri_proto::v1::LinuxContainerResources {
+        cpu_period: if quota > 0 { CPU_PERIOD_US } else { 0 },
+        cpu_quota: quota,
+        cpu_shares: cpu_shares(cpu_request),
+        memory_limit_in_bytes: memory_limit.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

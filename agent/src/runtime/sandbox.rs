@@ -98,9 +98,23 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, ctx: &SandboxContext) -> v1::PodS
             cgroup_parent: String::new(),
             security_context: Some(security_context),
             sysctls,
+            overhead: overhead(pod),
             ..Default::default()
         }),
     }
+}
+
+/// The pod's overhead (set by its RuntimeClass) for the runtime, as the
+/// kubelet's `convertOverheadToLinuxResources`: requests equal limits.
+fn overhead(pod: &Pod) -> Option<v1::LinuxContainerResources> {
+    let overhead = pod.spec.as_ref()?.overhead.as_ref()?;
+    let cpu = overhead
+        .get("cpu")
+        .and_then(|q| super::resources::parse_cpu_millis(&q.0));
+    let memory = overhead
+        .get("memory")
+        .and_then(|q| super::resources::parse_bytes(&q.0));
+    Some(super::resources::linux_resources(cpu, cpu, memory))
 }
 
 pub fn protocol(p: Option<&str>) -> v1::Protocol {

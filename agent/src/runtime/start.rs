@@ -18,7 +18,8 @@ use crate::pod::PodExt;
 use crate::shared::Shared;
 use crate::status::WaitReason;
 
-/// Run the pod's sandbox (attempt `attempt`) and read its IP.
+/// Run the pod's sandbox (attempt `attempt`) under the runtime `handler`
+/// (its RuntimeClass's; "" for the default) and read its IP.
 ///
 /// # Errors
 /// RunPodSandbox or PodSandboxStatus failed.
@@ -26,13 +27,12 @@ pub async fn create_sandbox(
     shared: &Shared,
     pod: &Pod,
     attempt: u32,
+    handler: String,
 ) -> Result<(String, Option<String>), cri_proto::Error> {
     let cfg = sandbox_config_for(shared, pod, attempt);
     if let Err(e) = std::fs::create_dir_all(&cfg.log_directory) {
         tracing::warn!(pod = %pod.key(), "cannot create log directory {}: {e}", cfg.log_directory);
     }
-    // Admission refuses runtimeClassName: the runtime's default handler.
-    let handler = String::new();
     let id = shared
         .runtime
         .cri

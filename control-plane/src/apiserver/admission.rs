@@ -20,6 +20,8 @@
 //!   ([`super::limitranger`]).
 //! - Priority: pods' priority from their PriorityClass, one default
 //!   class ([`super::priority`]).
+//! - RuntimeClass: pods' overhead, node selector and tolerations from
+//!   their RuntimeClass ([`super::runtimeclass`]).
 //! - DefaultStorageClass, StorageObjectInUseProtection,
 //!   PersistentVolumeClaimResize ([`super::storageadmission`]).
 //!
@@ -48,7 +50,7 @@ pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> 
         default_tolerations(obj, &api.default_toleration_seconds);
         super::limitranger::admit_create(api, r, obj).await?;
         super::priority::admit_create(api, r, obj).await?;
-        super::runtimeclass::admit_create(obj)?;
+        super::runtimeclass::admit_create(api, obj).await?;
     }
     super::storageadmission::mutate_create(api, r, obj).await?;
     Ok(())

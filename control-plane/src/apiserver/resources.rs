@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use k8s_openapi::api::{
     apps, authentication, authorization, batch, certificates, coordination, core, discovery,
-    events, policy, rbac, scheduling, storage,
+    events, node, policy, rbac, scheduling, storage,
 };
 
 use super::model::{Model, Typed};
@@ -292,6 +292,9 @@ pub static RESOURCES: &[ResourceDef] = &[
         .cluster()
         .with_status()
         .rules(&strategy::storage::csi::VolumeAttachment),
+    kind::<node::v1::RuntimeClass>()
+        .cluster()
+        .rules(&strategy::runtimeclass::RuntimeClass),
 ];
 
 /// A resource computed per request (see [`ResourceDef::computed`]).

@@ -227,7 +227,7 @@ pub(crate) fn field_manager(field: &str, m: &str, c: &mut Vec<Cause>) {
     }
 }
 
-const QUALIFIED_NAME_MESSAGE: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
+pub(crate) const QUALIFIED_NAME_MESSAGE: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
 
 fn path_segment_name(field: &str, name: &str, c: &mut Vec<Cause>) {
     if name.is_empty() {
@@ -254,9 +254,12 @@ pub fn dns_label(field: &str, s: &str, c: &mut Vec<Cause>) {
     if s.is_empty() {
         c.push(Cause::required(field));
     } else if !is_dns_label(s) {
-        c.push(Cause::invalid(field, s, "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"));
+        c.push(Cause::invalid(field, s, DNS_LABEL_MESSAGE));
     }
 }
+
+/// upstream's `IsDNS1123Label` message.
+pub(crate) const DNS_LABEL_MESSAGE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
 fn dns1035_label(field: &str, s: &str, c: &mut Vec<Cause>) {
     if s.is_empty() {
@@ -274,7 +277,7 @@ pub(crate) fn dns_subdomain(field: &str, s: &str, c: &mut Vec<Cause>) {
     }
 }
 
-fn is_label_value(v: &str) -> bool {
+pub(crate) fn is_label_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
             && v.bytes()
@@ -283,7 +286,7 @@ fn is_label_value(v: &str) -> bool {
             && v.ends_with(|ch: char| ch.is_ascii_alphanumeric()))
 }
 
-fn is_qualified_name(k: &str) -> bool {
+pub(crate) fn is_qualified_name(k: &str) -> bool {
     let name = match k.split_once('/') {
         Some((prefix, name)) => {
             if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(is_dns_label) {
@@ -296,16 +299,79 @@ fn is_qualified_name(k: &str) -> bool {
     !name.is_empty() && is_label_value(name)
 }
 
+/// upstream's `IsValidLabelValue` message.
+const LABEL_VALUE_MESSAGE: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+
 fn labels(obj: &Value, c: &mut Vec<Cause>) {
-    if let Some(m) = obj["metadata"]["labels"].as_object() {
-        for (k, v) in m {
-            if !is_qualified_name(k) {
-                c.push(Cause::invalid("metadata.labels", k, QUALIFIED_NAME_MESSAGE));
+    label_map(&obj["metadata"]["labels"], "metadata.labels", c);
+}
+
+/// A map of labels (upstream's `ValidateLabels`): qualified-name keys,
+/// label values; causes name the map, not the key, as upstream's do.
+/// Also node selectors (RuntimeClass `scheduling.nodeSelector`).
+pub(crate) fn label_map(m: &Value, field: &str, c: &mut Vec<Cause>) {
+    for (k, v) in m.as_object().into_iter().flatten() {
+        if !is_qualified_name(k) {
+            c.push(Cause::invalid(field, k, QUALIFIED_NAME_MESSAGE));
+        }
+        match v.as_str() {
+            Some(s) if is_label_value(s) => {}
+            Some(s) => c.push(Cause::invalid(field, s, LABEL_VALUE_MESSAGE)),
+            None => c.push(Cause::invalid(field, &v.to_string(), LABEL_VALUE_MESSAGE)),
+        }
+    }
+}
+
+const TOLERATION_OPERATORS: [&str; 2] = ["Equal", "Exists"];
+const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// Tolerations (upstream's `ValidateTolerations`), at `path` (a list).
+/// A toleration the scheduler cannot read would tolerate nothing, or,
+/// with an empty key, everything.
+pub(crate) fn tolerations(list: &Value, path: &str, c: &mut Vec<Cause>) {
+    for (i, t) in list.as_array().into_iter().flatten().enumerate() {
+        let at = |f: &str| format!("{path}[{i}].{f}");
+        let str_of = |f: &str| t[f].as_str().unwrap_or_default();
+        let (key, op, value, effect) = (
+            str_of("key"),
+            str_of("operator"),
+            str_of("value"),
+            str_of("effect"),
+        );
+        if !key.is_empty() && !is_qualified_name(key) {
+            c.push(Cause::invalid(at("key"), key, QUALIFIED_NAME_MESSAGE));
+        }
+        if key.is_empty() && op != "Exists" {
+            c.push(Cause::invalid(at("operator"), op, "operator must be Exists when `key` is empty, which means \"match all values and all keys\""));
+        }
+        if !t["tolerationSeconds"].is_null() && effect != "NoExecute" {
+            c.push(Cause::invalid(
+                at("effect"),
+                effect,
+                "effect must be 'NoExecute' when `tolerationSeconds` is set",
+            ));
+        }
+        match op {
+            // No operator means Equal. Upstream names the operator in
+            // both causes, though the value is at fault.
+            "" | "Equal" if !is_label_value(value) => {
+                c.push(Cause::invalid(at("operator"), value, LABEL_VALUE_MESSAGE));
             }
-            match v.as_str() {
-                Some(s) if is_label_value(s) => {}
-                _ => c.push(Cause::invalid("metadata.labels", &v.to_string(), "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")),
-            }
+            "Exists" if !value.is_empty() => c.push(Cause::invalid(
+                at("operator"),
+                value,
+                "value must be empty when `operator` is 'Exists'",
+            )),
+            "" | "Equal" | "Exists" => {}
+            other => c.push(Cause::not_supported(
+                at("operator"),
+                other,
+                &TOLERATION_OPERATORS,
+            )),
+        }
+        // No effect means every effect.
+        if !effect.is_empty() && !TAINT_EFFECTS.contains(&effect) {
+            c.push(Cause::not_supported(at("effect"), effect, &TAINT_EFFECTS));
         }
     }
 }

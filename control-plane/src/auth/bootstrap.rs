@@ -128,6 +128,8 @@ pub fn cluster_roles() -> Vec<Value> {
                 {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
                 {"apiGroups": [""], "resources": ["persistentvolumeclaims", "persistentvolumes"], "verbs": ["get"]},
                 {"apiGroups": [""], "resources": ["persistentvolumeclaims/status"], "verbs": ["get", "patch", "update"]},
+                // The agent reads a pod's RuntimeClass for its CRI handler.
+                {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": RO},
             ]),
         ),
         // What the scheduler's volume binding writes: the selected node on

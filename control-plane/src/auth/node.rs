@@ -77,10 +77,14 @@ pub async fn authorize(node: &str, a: &Attributes, store: &dyn Store) -> Decisio
         {
             Decision::Allow
         }
+        // What every node reads; a pod's RuntimeClass names the CRI
+        // handler the agent starts its sandbox with (upstream's node
+        // rules grant get, list and watch on runtimeclasses).
         ("", "services")
         | ("", "endpoints")
         | ("discovery.k8s.io", "endpointslices")
         | ("", "namespaces")
+        | ("node.k8s.io", "runtimeclasses")
             if read =>
         {
             Decision::Allow

@@ -15,7 +15,7 @@
 //!   DaemonSet), [`statefulset`], [`revision`] (ControllerRevision),
 //!   [`replicationcontroller`], [`disruptionbudget`],
 //!   [`resourcequota`],
-//!   [`limitrange`], [`priorityclass`],
+//!   [`limitrange`], [`priorityclass`], [`runtimeclass`],
 //!   [`componentstatus`] (computed, never stored),
 //!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`],
 //!   [`serviceaccount`] (TokenRequest), [`storage`] (PersistentVolumes,
@@ -40,6 +40,7 @@ pub mod rbac;
 pub mod replicationcontroller;
 pub mod resourcequota;
 pub mod revision;
+pub mod runtimeclass;
 pub mod secret;
 pub mod service;
 pub mod serviceaccount;
