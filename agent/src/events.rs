@@ -161,6 +161,16 @@ impl ApiRecorder {
     }
 }
 
+/// An event about this node through `recorder`; without one (a
+/// standalone agent) it is only logged.
+pub fn report_node(recorder: Option<&ApiRecorder>, type_: &str, reason: &str, message: &str) {
+    match recorder {
+        Some(r) => r.node_event(type_, reason, message),
+        None if type_ == WARNING => tracing::warn!(reason, "{message}"),
+        None => tracing::info!(reason, "{message}"),
+    }
+}
+
 impl Recorder for ApiRecorder {
     fn event(&self, pod: &Pod, type_: &str, reason: &str, message: &str) {
         LogRecorder.event(pod, type_, reason, message);

@@ -141,6 +141,15 @@ pub fn value(s: &str) -> Result<i64> {
     to_i64(s, scaled(s, 0)?)
 }
 
+/// `a` against `b` by value (`1Gi` equals `1024Mi`), at the finest scale
+/// (nano, milli, then units) both fit in; None when either is not a
+/// quantity at any.
+pub fn compare(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    [-9, -3, 0]
+        .into_iter()
+        .find_map(|scale| Some(scaled(a, scale).ok()?.cmp(&scaled(b, scale).ok()?)))
+}
+
 /// `bytes` as upstream prints a `resource.NewQuantity(n, BinarySI)`: the
 /// largest binary suffix that divides it exactly (`52Mi`, `1207Ki`),
 /// else the plain number.
@@ -165,6 +174,18 @@ pub fn binary_si(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compare_by_value_at_the_finest_scale_that_fits() {
+        use std::cmp::Ordering::*;
+        assert_eq!(compare("1Gi", "1024Mi"), Some(Equal));
+        assert_eq!(compare("250m", "0.25"), Some(Equal));
+        assert_eq!(compare("-1", "0"), Some(Less));
+        assert_eq!(compare("1n", "0"), Some(Greater));
+        // Too big for nano or milli units, still compared in units.
+        assert_eq!(compare("1E20", "0"), Some(Greater));
+        assert_eq!(compare("lots", "0"), None);
+    }
 
     #[test]
     fn binary_si_as_upstream_prints_it() {

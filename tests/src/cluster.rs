@@ -381,6 +381,38 @@ impl Cluster {
         .await
     }
 
+    /// Waits for an event with `reason` about the object `name` in
+    /// `namespace` (the node's events are in `default`); its message.
+    ///
+    /// # Errors
+    /// Timeout.
+    pub async fn wait_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<String> {
+        let api =
+            Api::<k8s_openapi::api::core::v1::Event>::namespaced(self.client().await?, namespace);
+        let fields = format!("involvedObject.name={name}");
+        wait_for(
+            &format!("a {reason} event about {name}"),
+            timeout,
+            || async {
+                let list = api
+                    .list(&kube::api::ListParams::default().fields(&fields))
+                    .await?;
+                list.items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some(reason))
+                    .find_map(|e| e.message)
+                    .ok_or_else(|| anyhow!("none yet"))
+            },
+        )
+        .await
+    }
+
     /// The run id (also the name of the run directory).
     pub fn id(&self) -> &str {
         &self.id

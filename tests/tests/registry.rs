@@ -347,22 +347,9 @@ async fn registries_file_mirrors_logins_and_tls() -> Result<()> {
         &file,
         format!("{mirrors}    rewrite: {{\"^library/(.*)\": \"mirror/$1\"}}\n{configs}"),
     )?;
-    let client = cluster.client().await?;
-    let events: Api<Event> = Api::namespaced(client, "default");
-    let fields = format!("involvedObject.name={name}");
-    let message = wait_for("RegistriesConfigInvalid event", T, || {
-        let events = events.clone();
-        let fields = fields.clone();
-        async move {
-            let list = events.list(&ListParams::default().fields(&fields)).await?;
-            list.items
-                .into_iter()
-                .filter(|e| e.reason.as_deref() == Some("RegistriesConfigInvalid"))
-                .find_map(|e| e.message)
-                .ok_or_else(|| anyhow!("no event yet"))
-        }
-    })
-    .await?;
+    let message = cluster
+        .wait_event("default", &name, "RegistriesConfigInvalid", T)
+        .await?;
     ensure!(
         message.contains("mirrors.\"docker.io\".rewrite: rewrite rules are not supported"),
         "{message}"

@@ -12,10 +12,9 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
-use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use skiff_tests::cluster::{wait_for, Cluster, ClusterOptions};
+use skiff_tests::cluster::{Cluster, ClusterOptions};
 use skiff_tests::containerd::CRUN;
 use skiff_tests::TOOLBOX_IMAGE;
 
@@ -85,7 +84,7 @@ async fn runtime_classes_pick_the_oci_runtime() -> Result<()> {
             })?;
     }
     let client = cluster.client().await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client, "default");
 
     // Admission gave the pod the class's overhead and node selector.
     let spec = pods.get("crun").await?.spec.unwrap_or_default();
@@ -133,21 +132,9 @@ async fn runtime_classes_pick_the_oci_runtime() -> Result<()> {
 
     // A handler the runtime lacks: no sandbox, and the runtime's reason.
     cluster.apply(&pod("unhandled", Some("absent"))).await?;
-    let events: Api<Event> = Api::namespaced(client, "default");
-    let message = wait_for("FailedCreatePodSandBox", T, || {
-        let events = events.clone();
-        async move {
-            let list = events
-                .list(&ListParams::default().fields("involvedObject.name=unhandled"))
-                .await?;
-            list.items
-                .into_iter()
-                .filter(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
-                .find_map(|e| e.message)
-                .ok_or_else(|| anyhow!("no event yet"))
-        }
-    })
-    .await?;
+    let message = cluster
+        .wait_event("default", "unhandled", "FailedCreatePodSandBox", T)
+        .await?;
     ensure!(
         message.starts_with("Failed to create pod sandbox: ") && message.contains("nosuch"),
         "{message}"

@@ -230,13 +230,6 @@ impl Manager {
         }
     }
 
-    fn node_event(&self, reason: &str, message: &str) {
-        match &self.recorder {
-            Some(r) => r.node_event(WARNING, reason, message),
-            None => tracing::warn!(reason, "{message}"),
-        }
-    }
-
     /// One round (upstream `synchronize`).
     async fn synchronize(&mut self) -> Result<(), cri_proto::Error> {
         let observed = observe(&crate::server::stats::node_only(&self.shared).await);
@@ -294,7 +287,9 @@ impl Manager {
             return Ok(());
         };
         let resource = threshold.signal.resource();
-        self.node_event(
+        crate::events::report_node(
+            self.recorder.as_ref(),
+            WARNING,
             "EvictionThresholdMet",
             &format!("Attempting to reclaim {resource}"),
         );

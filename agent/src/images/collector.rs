@@ -53,10 +53,7 @@ impl Collector {
     }
 
     fn warn(&self, reason: &str, message: &str) {
-        match &self.recorder {
-            Some(r) => r.node_event(WARNING, reason, message),
-            None => tracing::warn!(reason, "{message}"),
-        }
+        crate::events::report_node(self.recorder.as_ref(), WARNING, reason, message);
     }
 
     /// Collect at once, then every period, until `shutdown` resolves.

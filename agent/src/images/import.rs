@@ -111,11 +111,7 @@ impl Importer {
             ),
             Err(e) => (WARNING, "ImageImportFailed", e.to_string()),
         };
-        match &self.recorder {
-            Some(r) => r.node_event(type_, reason, &message),
-            None if type_ == WARNING => tracing::warn!(reason, "{message}"),
-            None => tracing::info!(reason, "{message}"),
-        }
+        crate::events::report_node(self.recorder.as_ref(), type_, reason, &message);
     }
 }
 

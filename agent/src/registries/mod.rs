@@ -143,11 +143,7 @@ impl Watcher {
     }
 
     fn report(&self, type_: &str, reason: &str, message: String) {
-        match &self.recorder {
-            Some(r) => r.node_event(type_, reason, &message),
-            None if type_ == WARNING => tracing::warn!(reason, "{message}"),
-            None => tracing::info!(reason, "{message}"),
-        }
+        crate::events::report_node(self.recorder.as_ref(), type_, reason, &message);
     }
 }
 

@@ -33,8 +33,11 @@ pub enum Error {
     Json(#[from] serde_json::Error),
 }
 
-/// One registry login, as sent to the runtime.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One registry login, as sent to the runtime. Read from a docker config
+/// entry, where `auth` (base64 `user:password`) wins over `username` /
+/// `password`, as in upstream's `DockerConfigEntry`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawEntry")]
 pub struct Credential {
     pub username: String,
     pub password: String,
@@ -50,15 +53,6 @@ impl Credential {
     }
 }
 
-/// A docker config entry: `auth` (base64 `user:password`) wins over
-/// `username` / `password`, as in upstream's `DockerConfigEntry`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(try_from = "RawEntry")]
-struct Entry {
-    username: String,
-    password: String,
-}
-
 #[derive(Deserialize)]
 struct RawEntry {
     #[serde(default)]
@@ -69,21 +63,17 @@ struct RawEntry {
     auth: String,
 }
 
-impl TryFrom<RawEntry> for Entry {
+impl TryFrom<RawEntry> for Credential {
     type Error = String;
 
-    fn try_from(raw: RawEntry) -> Result<Entry, String> {
+    fn try_from(raw: RawEntry) -> Result<Credential, String> {
         if raw.auth.is_empty() {
-            return Ok(Entry {
+            return Ok(Credential {
                 username: raw.username,
                 password: raw.password,
             });
         }
-        let cred = decode_auth(&raw.auth)?;
-        Ok(Entry {
-            username: cred.username,
-            password: cred.password,
-        })
+        decode_auth(&raw.auth)
     }
 }
 
@@ -113,7 +103,7 @@ pub fn decode_auth(field: &str) -> Result<Credential, String> {
     }
 }
 
-type DockerConfig = BTreeMap<String, Entry>;
+type DockerConfig = BTreeMap<String, Credential>;
 
 #[derive(Deserialize)]
 struct DockerConfigJson {
@@ -176,10 +166,7 @@ impl Keyring {
             } else {
                 format!("{host}{path}")
             };
-            self.creds.entry(key.clone()).or_default().push(Credential {
-                username: entry.username,
-                password: entry.password,
-            });
+            self.creds.entry(key.clone()).or_default().push(entry);
             if !self.index.contains(&key) {
                 self.index.push(key);
             }

@@ -120,14 +120,8 @@ fn same_resources(pod: &Value, class: &Map<String, Value>) -> bool {
             .all(|(name, q)| class.get(name).is_some_and(|c| same_quantity(&s(q), &s(c))))
 }
 
-/// Quantities compared by value: at the finest scale both fit in.
 fn same_quantity(a: &str, b: &str) -> bool {
-    use kube_util::quantity::scaled;
-    a == b
-        || [-9, -3, 0]
-            .into_iter()
-            .find_map(|scale| Some(scaled(a, scale).ok()? == scaled(b, scale).ok()?))
-            .unwrap_or(false)
+    a == b || kube_util::quantity::compare(a, b) == Some(std::cmp::Ordering::Equal)
 }
 
 /// The class's node selector joins the pod's (a key both set must agree),
@@ -248,20 +242,24 @@ fn merge_tolerations(pod: Vec<Value>, class: Vec<Value>) -> Vec<Value> {
 mod tests {
     use super::*;
 
-    fn pod(spec: Value) -> Value {
-        let mut s = json!({"containers": [{"name": "c", "image": "i"}]});
-        if let (Some(m), Some(e)) = (s.as_object_mut(), spec.as_object()) {
+    /// `base` with the fields of `extra` added.
+    fn with(mut base: Value, extra: Value) -> Value {
+        if let (Some(m), Some(e)) = (base.as_object_mut(), extra.as_object()) {
             m.extend(e.clone());
         }
-        json!({"metadata": {"name": "p"}, "spec": s})
+        base
+    }
+
+    fn pod(spec: Value) -> Value {
+        let spec = with(json!({"containers": [{"name": "c", "image": "i"}]}), spec);
+        json!({"metadata": {"name": "p"}, "spec": spec})
     }
 
     fn class(extra: Value) -> Value {
-        let mut c = json!({"metadata": {"name": "gvisor"}, "handler": "runsc"});
-        if let (Some(m), Some(e)) = (c.as_object_mut(), extra.as_object()) {
-            m.extend(e.clone());
-        }
-        c
+        with(
+            json!({"metadata": {"name": "gvisor"}, "handler": "runsc"}),
+            extra,
+        )
     }
 
     #[test]
@@ -342,18 +340,12 @@ mod tests {
 
     #[test]
     fn superset_rules_follow_upstream() {
-        let t = |v: Value| v;
-        let exists = t(json!({"key": "k", "operator": "Exists"}));
-        let equal =
-            t(json!({"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}));
+        let exists = json!({"key": "k", "operator": "Exists"});
+        let equal = json!({"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"});
         assert!(Toleration::of(&exists).covers(&Toleration::of(&equal)));
         assert!(!Toleration::of(&equal).covers(&Toleration::of(&exists)));
-        let short = t(
-            json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}),
-        );
-        let long = t(
-            json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}),
-        );
+        let short = json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10});
+        let long = json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60});
         assert!(Toleration::of(&long).covers(&Toleration::of(&short)));
         assert!(!Toleration::of(&short).covers(&Toleration::of(&long)));
         assert_eq!(

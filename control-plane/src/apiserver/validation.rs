@@ -258,6 +258,10 @@ pub fn dns_label(field: &str, s: &str, c: &mut Vec<Cause>) {
     }
 }
 
+/// upstream's `resource.ParseQuantity` refusal.
+pub(crate) const QUANTITY_MESSAGE: &str =
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
+
 /// upstream's `IsDNS1123Label` message.
 pub(crate) const DNS_LABEL_MESSAGE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 

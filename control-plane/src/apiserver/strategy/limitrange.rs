@@ -79,7 +79,7 @@ fn validate_item(item: &Value, path: &str, c: &mut Vec<Cause>) {
                 None => c.push(Cause::invalid(
                     format!("{path}.{list}[{k}]"),
                     &text(v),
-                    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                    crate::apiserver::validation::QUANTITY_MESSAGE,
                 )),
                 Some(n) if n < 0 => c.push(Cause::invalid(
                     format!("{path}.{list}[{k}]"),

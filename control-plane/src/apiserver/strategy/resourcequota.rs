@@ -108,11 +108,13 @@ fn validate_list(list: &Value, path: &str, c: &mut Vec<Cause>) {
             Err(_) => c.push(Cause::invalid(
                 &field,
                 &q,
-                "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                crate::apiserver::validation::QUANTITY_MESSAGE,
             )),
-            Ok(n) if n < 0 => {
-                c.push(Cause::invalid(&field, &q, "must be greater than or equal to 0"))
-            }
+            Ok(n) if n < 0 => c.push(Cause::invalid(
+                &field,
+                &q,
+                "must be greater than or equal to 0",
+            )),
             Ok(n) if n % 1000 != 0 && is_integer_resource(k) => {
                 c.push(Cause::invalid(&field, &q, "must be an integer"))
             }

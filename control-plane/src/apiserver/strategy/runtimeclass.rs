@@ -20,10 +20,6 @@ pub struct RuntimeClass;
 /// `IsStandardContainerResourceName`), besides `hugepages-<size>`.
 const STANDARD_RESOURCES: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 
-/// upstream's `resource.ParseQuantity` refusal.
-const QUANTITY_MESSAGE: &str =
-    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
-
 impl Strategy for RuntimeClass {
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = Vec::new();
@@ -113,8 +109,8 @@ fn pod_fixed(fixed: &Value, c: &mut Vec<Cause>) {
             ));
         }
         let text = s(q);
-        match sign(&text) {
-            None => c.push(Cause::invalid(&field, &text, QUANTITY_MESSAGE)),
+        match kube_util::quantity::compare(&text, "0") {
+            None => c.push(Cause::invalid(&field, &text, validation::QUANTITY_MESSAGE)),
             Some(std::cmp::Ordering::Less) => c.push(Cause::invalid(
                 &field,
                 &text,
@@ -123,15 +119,6 @@ fn pod_fixed(fixed: &Value, c: &mut Vec<Cause>) {
             Some(_) => {}
         }
     }
-}
-
-/// The sign of a quantity, None when it is not one. Tried from the finest
-/// scale up, as a huge value overflows the fine ones.
-fn sign(q: &str) -> Option<std::cmp::Ordering> {
-    [-9, -3, 0]
-        .into_iter()
-        .find_map(|scale| kube_util::quantity::scaled(q, scale).ok())
-        .map(|v| v.cmp(&0))
 }
 
 #[cfg(test)]
