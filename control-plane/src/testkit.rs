@@ -17,6 +17,9 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 /// Token in the fixture's token file for user `token-user` (no groups).
+/// Where the versioned kubectls (`kubectl.1.27` .. `kubectl.1.33`) are.
+pub const KUBECTL_DIR: &str = "/usr/lib/google-cloud-sdk/bin";
+
 pub const USER_TOKEN: &str = "t0k3n-user";
 
 /// A running test server.

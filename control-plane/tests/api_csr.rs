@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::{eventually, fails, header, ok, raw, TestServer};
+use api::{eventually, fails, header, ok, raw, TestServer, KUBECTL_DIR};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
@@ -26,7 +26,6 @@ use skiff_control_plane::tokens::{self, TokenSpec};
 use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(30);
-const KUBECTL_DIR: &str = "/usr/lib/google-cloud-sdk/bin";
 
 fn csr_object(signer: &str, pem: &str, usages: &[&str]) -> CertificateSigningRequest {
     CertificateSigningRequest {

@@ -6,10 +6,8 @@
 #[path = "support/api.rs"]
 mod api;
 
-use api::{ok, TestServer};
+use api::{ok, TestServer, KUBECTL_DIR};
 use serde_json::json;
-
-const KUBECTL_DIR: &str = "/usr/lib/google-cloud-sdk/bin";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_drain_evicts_and_completes() {

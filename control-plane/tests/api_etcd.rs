@@ -51,3 +51,9 @@ async fn etcd_pagination_tables_lifecycle_events() {
     assert_eq!(code, 200);
     assert!(body.as_str().unwrap().contains("[+]etcd ok"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcd_custom_resources() {
+    let (_etcd, s) = server().await;
+    api_suite::derived_custom_resources(&s).await;
+}

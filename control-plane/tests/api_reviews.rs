@@ -10,11 +10,10 @@ mod api;
 
 use std::time::Duration;
 
-use api::{eventually, fails, ok, TestServer};
+use api::{eventually, fails, ok, TestServer, KUBECTL_DIR};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(20);
-const KUBECTL_DIR: &str = "/usr/lib/google-cloud-sdk/bin";
 
 fn json(out: std::process::Output) -> Value {
     serde_json::from_str(&ok(out)).expect("kubectl printed JSON")

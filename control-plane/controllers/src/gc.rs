@@ -45,8 +45,20 @@ const ABSENT_CAP: usize = 10_000;
 
 type MetaEvent = watcher::Event<PartialObjectMeta<DynamicObject>>;
 
+/// How often discovery is asked again, for kinds defined since (custom
+/// resources): upstream's collector resyncs its monitors as often.
+const REDISCOVER: Duration = Duration::from_secs(30);
+
 pub async fn run(ctx: Ctx) -> Result<(), Error> {
-    let all = served::discover(&ctx.client).await?;
+    loop {
+        let all = served::discover(&ctx.client).await?;
+        collect(&ctx, all).await?;
+        tracing::info!("garbage collector: served resources changed, restarting its watches");
+    }
+}
+
+/// Collect over the resources `all` until discovery finds others.
+async fn collect(ctx: &Ctx, all: Vec<Served>) -> Result<(), Error> {
     let watched: Vec<usize> = (0..all.len())
         .filter(|&i| !all[i].is_events() && all[i].supports(verbs::WATCH))
         .collect();
@@ -80,14 +92,25 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
     let mut gc = Collector::new(ctx.client.clone(), all, watched.len());
     let mut retry = tokio::time::interval(RETRY);
     let mut resync = tokio::time::interval(RESYNC);
+    let mut rediscover = tokio::time::interval(REDISCOVER);
+    rediscover.tick().await;
     loop {
         tokio::select! {
             ev = rx.recv() => match ev {
                 Some((i, ev)) => gc.observe(i, ev),
-                None => return Ok(()),
+                // No watch left (nothing served?): look again later.
+                None => {
+                    tokio::time::sleep(REDISCOVER).await;
+                    return Ok(());
+                }
             },
             _ = retry.tick() => gc.retry_failed(),
             _ = resync.tick() => gc.resync(),
+            _ = rediscover.tick() => {
+                if served::discover(&ctx.client).await.is_ok_and(|now| !same(&now, &gc.all)) {
+                    return Ok(());
+                }
+            }
         }
         // Take in everything already queued before acting on any of it.
         while let Ok((i, ev)) = rx.try_recv() {
@@ -95,6 +118,22 @@ pub async fn run(ctx: Ctx) -> Result<(), Error> {
         }
         gc.work().await;
     }
+}
+
+/// Whether two discoveries found the same resources.
+fn same(a: &[Served], b: &[Served]) -> bool {
+    let key = |s: &Served| {
+        (
+            s.res.group.clone(),
+            s.res.version.clone(),
+            s.res.plural.clone(),
+        )
+    };
+    let mut x: Vec<_> = a.iter().map(key).collect();
+    let mut y: Vec<_> = b.iter().map(key).collect();
+    x.sort();
+    y.sort();
+    x == y
 }
 
 /// The collector's state: the graph and its work sets.

@@ -291,3 +291,91 @@ async fn orphan_deletion_keeps_dependents_without_the_owner() {
     assert!(pods.get_opt("or-1").await.unwrap().is_some());
     assert!(pods.get_opt("or-2").await.unwrap().is_some());
 }
+
+/// Custom kinds defined after the collector started are collected in both
+/// directions once discovery finds them (upstream's 30 s resync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_resources_are_owners_and_dependents() {
+    let server = TestServer::start().await;
+    let _stop = start_gc(&server).await;
+    ok(server.kubectl_stdin(
+        &["apply", "-f", "-"],
+        r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "gizmos.gc.example.com"},
+            "spec": {"group": "gc.example.com", "scope": "Namespaced",
+                "names": {"plural": "gizmos", "kind": "Gizmo"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}]}}"#,
+    ));
+    ok(server.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/gizmos.gc.example.com",
+        "--timeout=20s",
+    ]));
+    let client = server.client().await;
+    let res = kube::api::ApiResource {
+        group: "gc.example.com".into(),
+        version: "v1".into(),
+        api_version: "gc.example.com/v1".into(),
+        kind: "Gizmo".into(),
+        plural: "gizmos".into(),
+    };
+    let gizmos: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &res);
+    let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+    let gizmo = |name: &str, owner: Option<OwnerReference>| {
+        let mut o: kube::api::DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "gc.example.com/v1", "kind": "Gizmo", "metadata": {"name": name}}),
+        )
+        .unwrap();
+        o.metadata.owner_references = owner.map(|o| vec![o]);
+        o
+    };
+    let owner = gizmos
+        .create(&PostParams::default(), &gizmo("owner", None))
+        .await
+        .unwrap();
+    let mut dep: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dep"}})).unwrap();
+    dep.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "gc.example.com/v1".into(),
+        kind: "Gizmo".into(),
+        name: "owner".into(),
+        uid: owner.uid().unwrap(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    maps.create(&PostParams::default(), &dep).await.unwrap();
+    let parent: ConfigMap = maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "parent"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    gizmos
+        .create(
+            &PostParams::default(),
+            &gizmo("child", Some(plain_owner_ref(&parent))),
+        )
+        .await
+        .unwrap();
+
+    gizmos
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    maps.delete("parent", &DeleteParams::default())
+        .await
+        .unwrap();
+    let within = Duration::from_secs(90);
+    assert!(
+        eventually(within, || gone(&maps, "dep")).await,
+        "the Gizmo's dependent stayed"
+    );
+    assert!(
+        eventually(within, || gone(&gizmos, "child")).await,
+        "the ConfigMap's Gizmo stayed"
+    );
+}

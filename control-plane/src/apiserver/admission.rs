@@ -22,6 +22,8 @@
 //!   class ([`super::priority`]).
 //! - RuntimeClass: pods' overhead, node selector and tolerations from
 //!   their RuntimeClass ([`super::runtimeclass`]).
+//! - The CRD handler's refusal of creates while a definition is being
+//!   deleted ([`super::crd::admit_create`]).
 //! - DefaultStorageClass, StorageObjectInUseProtection,
 //!   PersistentVolumeClaimResize ([`super::storageadmission`]).
 //!
@@ -81,6 +83,7 @@ pub(crate) async fn validate(
     let (Some(new), None) = (new, old) else {
         return Ok(());
     };
+    super::crd::admit_create(&api.crds, r)?;
     if r.def.namespaced {
         namespace_lifecycle(api, objects::namespace(new).unwrap_or_default()).await?;
     }

@@ -7,29 +7,16 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::handlers::create_value;
-use super::request::Query;
 use super::resources::lookup;
 use super::status::ApiResult;
 use super::{ApiServer, Req};
-use crate::auth::{bootstrap, Attributes, Identity};
+use crate::auth::bootstrap;
 
 pub const NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 fn system_req(group: &str, plural: &str, ns: Option<&str>) -> Req {
-    Req {
-        def: lookup(group, "v1", plural).expect("bootstrap kinds are served"),
-        ns: ns.map(String::from),
-        name: None,
-        sub: None,
-        query: Query::default(),
-        headers: http::HeaderMap::new(),
-        identity: Identity::new("system:apiserver", vec!["system:masters".into()]),
-        attrs: Attributes {
-            verb: "create".into(),
-            resource_request: true,
-            ..Default::default()
-        },
-    }
+    let def = lookup(group, "v1", plural).expect("bootstrap kinds are served");
+    Req::system(def, "create", ns.map(String::from), None)
 }
 
 async fn ensure(api: &ApiServer, r: &Req, obj: Value) -> ApiResult<()> {

@@ -4,7 +4,8 @@
 
 use serde_json::{json, Value};
 
-use super::resources::{self, ResourceDef};
+use super::crd::registry::{Group, Registry};
+use super::resources::ResourceDef;
 
 /// The Kubernetes version this server speaks.
 pub const KUBE_MINOR: &str = "33";
@@ -31,19 +32,24 @@ pub fn core_versions() -> Value {
     })
 }
 
-fn group_json(g: &str) -> Value {
-    let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
-    json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+fn group_json(g: &Group) -> Value {
+    let versions: Vec<Value> = g
+        .versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{}/{v}", g.name), "version": v}))
+        .collect();
+    let preferred = versions.first().cloned().unwrap_or(Value::Null);
+    json!({"name": g.name, "versions": versions, "preferredVersion": preferred})
 }
 
-pub fn groups() -> Value {
-    let groups: Vec<Value> = resources::groups().into_iter().map(group_json).collect();
+pub fn groups(crds: &Registry) -> Value {
+    let groups: Vec<Value> = crds.groups().iter().map(group_json).collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-pub fn group(g: &str) -> Option<Value> {
-    resources::groups().contains(&g).then(|| {
-        let mut v = group_json(g);
+pub fn group(crds: &Registry, g: &str) -> Option<Value> {
+    crds.groups().iter().find(|x| x.name == g).map(|x| {
+        let mut v = group_json(x);
         v["kind"] = json!("APIGroup");
         v["apiVersion"] = json!("v1");
         v
@@ -69,8 +75,8 @@ fn resource_json(r: &ResourceDef) -> Value {
 }
 
 /// `APIResourceList` for one group version; None when not served.
-pub fn group_version(group: &str, version: &str) -> Option<Value> {
-    let rs = resources::in_group_version(group, version);
+pub fn group_version(crds: &Registry, group: &str, version: &str) -> Option<Value> {
+    let rs = crds.in_group_version(group, version);
     if rs.is_empty() {
         return None;
     }
@@ -105,46 +111,67 @@ pub fn wants_aggregated(accept: &str) -> bool {
 
 /// Aggregated discovery (`APIGroupDiscoveryList`) for `/api` (core only) or
 /// `/apis` (every named group).
-pub fn aggregated(core: bool) -> Value {
-    let groups: Vec<&str> = if core { vec![""] } else { resources::groups() };
+pub fn aggregated(crds: &Registry, core: bool) -> Value {
+    let groups: Vec<Group> = if core {
+        vec![Group {
+            name: String::new(),
+            versions: vec!["v1".into()],
+        }]
+    } else {
+        crds.groups()
+    };
     let items: Vec<Value> = groups
-        .into_iter()
+        .iter()
         .map(|g| {
-            let resources: Vec<Value> = resources::in_group_version(g, "v1")
-                .into_iter()
-                .map(|r| {
-                    let subs: Vec<Value> = r
-                        .subresources()
-                        .into_iter()
-                        .map(|sub| {
-                            let (sg, sv) = sub.group_version.unwrap_or((r.group, r.version));
-                            json!({"subresource": sub.name, "responseKind": {"group": sg, "version": sv, "kind": sub.kind}, "verbs": sub.verbs})
-                        })
-                        .collect();
-                    let mut v = json!({
-                        "resource": r.plural,
-                        "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
-                        "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
-                        "singularResource": r.singular(),
-                        "verbs": r.verbs(),
-                        "subresources": subs,
-                    });
-                    if !r.short_names.is_empty() {
-                        v["shortNames"] = json!(r.short_names);
-                    }
-                    if !r.categories.is_empty() {
-                        v["categories"] = json!(r.categories);
-                    }
-                    v
-                })
+            let versions: Vec<Value> = g
+                .versions
+                .iter()
+                .map(|v| aggregated_version(crds, &g.name, v))
                 .collect();
             json!({
-                "metadata": {"name": g, "creationTimestamp": null},
-                "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}],
+                "metadata": {"name": g.name, "creationTimestamp": null},
+                "versions": versions,
             })
         })
         .collect();
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
+}
+
+/// One version of a group in aggregated discovery.
+fn aggregated_version(crds: &Registry, g: &str, version: &str) -> Value {
+    let resources: Vec<Value> = crds
+        .in_group_version(g, version)
+        .into_iter()
+        .map(aggregated_resource)
+        .collect();
+    json!({"version": version, "resources": resources, "freshness": "Current"})
+}
+
+/// One resource of a group version in aggregated discovery.
+fn aggregated_resource(r: &ResourceDef) -> Value {
+    let subs: Vec<Value> = r
+        .subresources()
+        .into_iter()
+        .map(|sub| {
+            let (sg, sv) = sub.group_version.unwrap_or((r.group, r.version));
+            json!({"subresource": sub.name, "responseKind": {"group": sg, "version": sv, "kind": sub.kind}, "verbs": sub.verbs})
+        })
+        .collect();
+    let mut v = json!({
+        "resource": r.plural,
+        "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
+        "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+        "singularResource": r.singular(),
+        "verbs": r.verbs(),
+        "subresources": subs,
+    });
+    if !r.short_names.is_empty() {
+        v["shortNames"] = json!(r.short_names);
+    }
+    if !r.categories.is_empty() {
+        v["categories"] = json!(r.categories);
+    }
+    v
 }
 
 /// Content-Type of an aggregated discovery answer.
@@ -157,7 +184,8 @@ mod tests {
 
     #[test]
     fn documents() {
-        let v1 = group_version("", "v1").unwrap();
+        let crds = Registry::default();
+        let v1 = group_version(&crds, "", "v1").unwrap();
         let pods = v1["resources"]
             .as_array()
             .unwrap()
@@ -166,14 +194,14 @@ mod tests {
             .unwrap();
         assert_eq!(pods["shortNames"], json!(["po"]));
         assert_eq!(pods["categories"], json!(["all"]));
-        assert!(group_version("nope", "v1").is_none());
+        assert!(group_version(&crds, "nope", "v1").is_none());
         assert!(wants_aggregated(
             "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
         ));
         assert!(!wants_aggregated("application/json"));
         assert_eq!(
-            aggregated(false)["items"].as_array().unwrap().len(),
-            resources::groups().len()
+            aggregated(&crds, false)["items"].as_array().unwrap().len(),
+            crate::apiserver::resources::groups().len()
         );
     }
 }

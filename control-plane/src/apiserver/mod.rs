@@ -8,6 +8,7 @@
 //! - [`strategy`]: each kind's rules (defaults, validation, allocation,
 //!   deletion, its own subresources, table columns), reached from its row
 //! - [`model`]: each kind's typed model (canonical JSON, unknown fields)
+//! - [`crd`]: CustomResourceDefinitions and the kinds they define
 //! - [`admission`]: the built-in admission plugins around every write;
 //!   [`storageadmission`]: the storage ones (default class, protection
 //!   finalizers, resize)
@@ -26,6 +27,7 @@ pub mod audit;
 pub mod authenticate;
 pub mod bootstrap;
 pub mod convert;
+pub mod crd;
 pub mod defaults;
 pub mod discovery;
 pub mod handlers;
@@ -133,6 +135,8 @@ pub struct ApiServer {
     /// Pod Security admission's defaults and exemptions; set once at start
     /// by [`ApiServer::set_pod_security`].
     pub(crate) pod_security: std::sync::OnceLock<podsecurity::Config>,
+    /// The custom kinds served from CustomResourceDefinitions.
+    pub(crate) crds: crd::Registry,
 }
 
 /// What namespace lifecycle admission last learnt of a namespace.
@@ -155,6 +159,31 @@ pub struct Req {
 }
 
 impl Req {
+    /// The server's own request to `verb` an object of `def` (bootstrap
+    /// objects, the CRD cleanup), as `system:apiserver` in
+    /// `system:masters`.
+    pub(crate) fn system(
+        def: &'static ResourceDef,
+        verb: &str,
+        ns: Option<String>,
+        name: Option<String>,
+    ) -> Req {
+        Req {
+            def,
+            ns,
+            name,
+            sub: None,
+            query: Query::default(),
+            headers: HeaderMap::new(),
+            identity: Identity::new("system:apiserver", vec!["system:masters".into()]),
+            attrs: crate::auth::Attributes {
+                verb: verb.into(),
+                resource_request: true,
+                ..Default::default()
+            },
+        }
+    }
+
     /// Whether the request is about the main resource `plural` of
     /// `group` ("" for core), not one of its subresources: what an
     /// admission plugin checks before it looks at the object.
@@ -216,6 +245,7 @@ impl ApiServer {
             sa_tokens: Default::default(),
             oidc: Default::default(),
             pod_security: Default::default(),
+            crds: Default::default(),
         })
     }
 
@@ -244,6 +274,7 @@ impl ApiServer {
     pub async fn start_background(self: &Arc<Self>) -> ApiResult<()> {
         bootstrap::run(self).await?;
         self.rbac.relist(self.store.as_ref()).await?;
+        tokio::spawn(crd::establish::run(self.clone()));
         tokio::spawn(
             self.rbac
                 .clone()
@@ -418,7 +449,9 @@ impl ApiServer {
         decision?;
         match target {
             Target::Resource(p) => {
-                let def = resources::lookup(&p.group, &p.version, &p.resource)
+                let def = self
+                    .crds
+                    .lookup(&p.group, &p.version, &p.resource)
                     .ok_or_else(|| ApiError::not_found_path(path))?;
                 if def.namespaced != p.namespace.is_some() && !(def.namespaced && p.name.is_none())
                 {
@@ -448,25 +481,27 @@ impl ApiServer {
             Target::CoreVersions if discovery::wants_aggregated(accept(&parts.headers)) => {
                 Ok(json_response_ct(
                     200,
-                    &discovery::aggregated(true),
+                    &discovery::aggregated(&self.crds, true),
                     discovery::AGGREGATED_CONTENT_TYPE,
                 ))
             }
             Target::Groups if discovery::wants_aggregated(accept(&parts.headers)) => {
                 Ok(json_response_ct(
                     200,
-                    &discovery::aggregated(false),
+                    &discovery::aggregated(&self.crds, false),
                     discovery::AGGREGATED_CONTENT_TYPE,
                 ))
             }
             Target::CoreVersions => Ok(json_response(200, &discovery::core_versions())),
-            Target::Groups => Ok(json_response(200, &discovery::groups())),
-            Target::Group(g) => discovery::group(&g)
+            Target::Groups => Ok(json_response(200, &discovery::groups(&self.crds))),
+            Target::Group(g) => discovery::group(&self.crds, &g)
                 .map(|v| json_response(200, &v))
                 .ok_or_else(|| ApiError::not_found_path(path)),
-            Target::GroupVersion { group, version } => discovery::group_version(&group, &version)
-                .map(|v| json_response(200, &v))
-                .ok_or_else(|| ApiError::not_found_path(path)),
+            Target::GroupVersion { group, version } => {
+                discovery::group_version(&self.crds, &group, &version)
+                    .map(|v| json_response(200, &v))
+                    .ok_or_else(|| ApiError::not_found_path(path))
+            }
             _ => {
                 self.non_resource(&parts.method, path, &query, &parts.headers)
                     .await
@@ -536,10 +571,10 @@ impl ApiServer {
                     "application/jwk-set+json",
                 )))
             }
-            "/openapi/v3" => Ok(json_response(200, &openapi::index())),
+            "/openapi/v3" => Ok(json_response(200, &openapi::index(&self.crds))),
             "/openapi/v2" => Err(ApiError::not_found_path(path)),
             p if p.starts_with("/openapi/v3/") => {
-                let doc = openapi::document(&p["/openapi/v3/".len()..])
+                let doc = openapi::document(&self.crds, &p["/openapi/v3/".len()..])
                     .ok_or_else(|| ApiError::not_found_path(path))?;
                 let mut resp = Response::new(Body::from(doc.body.clone()));
                 resp.headers_mut().insert(

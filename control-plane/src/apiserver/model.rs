@@ -25,6 +25,12 @@ pub trait Model: Send + Sync {
 
     /// Add the kind's schema (and those it refers to) to `gen`.
     fn add_schema(&self, gen: &mut SchemaGenerator);
+
+    /// The kind's schema as JSON, for kinds that are not Rust types (the
+    /// custom ones, whose schema comes with their definition).
+    fn json_schema(&self) -> Option<Value> {
+        None
+    }
 }
 
 /// The model of k8s-openapi type `K`.

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
+use super::crd::Registry;
 use super::resources::{self, ResourceDef};
 
 /// One group version's document, serialized once, with its content hash.
@@ -42,7 +43,11 @@ fn docs() -> &'static BTreeMap<String, Doc> {
             }
         }
         for (g, v) in gvs {
-            let doc = build(g, v);
+            let doc = build(
+                &resources::in_group_version(g, v),
+                schemas(g, v),
+                schema_name,
+            );
             let body = serde_json::to_vec(&doc).unwrap_or_default();
             let hash = fnv_hex(&body);
             out.insert(gv_path(g, v), Doc { body, hash });
@@ -60,9 +65,10 @@ fn fnv_hex(b: &[u8]) -> String {
     format!("{h:016X}")
 }
 
-/// The `/openapi/v3` index.
-pub fn index() -> Value {
-    let paths: Map<String, Value> = docs()
+/// The `/openapi/v3` index: the built-in group versions and those of
+/// the custom kinds served now.
+pub fn index(crds: &Registry) -> Value {
+    let mut paths: Map<String, Value> = docs()
         .iter()
         .map(|(p, d)| {
             (
@@ -71,12 +77,82 @@ pub fn index() -> Value {
             )
         })
         .collect();
+    for g in crds.groups() {
+        for v in &g.versions {
+            let p = gv_path(&g.name, v);
+            if paths.contains_key(&p) {
+                continue;
+            }
+            if let Some(d) = custom_document(crds, &g.name, v) {
+                paths.insert(
+                    p.clone(),
+                    json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", d.hash)}),
+                );
+            }
+        }
+    }
     json!({"paths": paths})
 }
 
 /// The document of `/openapi/v3/<path>`.
-pub fn document(path: &str) -> Option<&'static Doc> {
-    docs().get(path.trim_matches('/'))
+pub fn document(crds: &Registry, path: &str) -> Option<Doc> {
+    let path = path.trim_matches('/');
+    if let Some(d) = docs().get(path) {
+        return Some(Doc {
+            body: d.body.clone(),
+            hash: d.hash.clone(),
+        });
+    }
+    let (group, version) = path.strip_prefix("apis/")?.split_once('/')?;
+    custom_document(crds, group, version)
+}
+
+/// A custom group version's document, built from the definitions' schemas
+/// each time (they change with the definitions; there are few).
+fn custom_document(crds: &Registry, group: &str, version: &str) -> Option<Doc> {
+    if !crds.is_custom(group, version) {
+        return None;
+    }
+    let defs = crds.in_group_version(group, version);
+    let mut gen = schemars::generate::SchemaSettings::openapi3().into_generator();
+    gen.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>();
+    let mut out = gen.take_definitions(true);
+    for r in &defs {
+        out.insert(custom_schema_name(r), custom_schema(r));
+    }
+    let doc = build(&defs, out, custom_schema_name);
+    let body = serde_json::to_vec(&doc).unwrap_or_default();
+    let hash = fnv_hex(&body);
+    Some(Doc { body, hash })
+}
+
+/// Upstream names a custom kind's schema by its reversed group:
+/// `com.example.v1.Widget`.
+fn custom_schema_name(r: &ResourceDef) -> String {
+    let reversed: Vec<&str> = r.group.split('.').rev().collect();
+    format!("{}.{}.{}", reversed.join("."), r.version, r.kind)
+}
+
+/// The definition's schema with the standard object fields, as upstream
+/// publishes it.
+fn custom_schema(r: &ResourceDef) -> Value {
+    let mut schema = r
+        .model
+        .and_then(|m| m.json_schema())
+        .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+    if let Some(m) = schema.as_object_mut() {
+        let props = m.entry("properties").or_insert_with(|| json!({}));
+        if let Some(p) = props.as_object_mut() {
+            p.insert("apiVersion".into(), json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."}));
+            p.insert("kind".into(), json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."}));
+            p.insert("metadata".into(), json!({"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}], "description": "Standard object's metadata."}));
+        }
+        m.insert(
+            "x-kubernetes-group-version-kind".into(),
+            json!([{"group": r.group, "version": r.version, "kind": r.kind}]),
+        );
+    }
+    schema
 }
 
 fn schema_name(r: &ResourceDef) -> String {
@@ -170,9 +246,13 @@ fn op(r: &ResourceDef, action: &str, verb_id: &str, extra: Vec<Value>, schema_re
     })
 }
 
-fn build(group: &str, version: &str) -> Value {
+fn build(
+    defs: &[&'static ResourceDef],
+    schemas: Map<String, Value>,
+    schema_name: fn(&ResourceDef) -> String,
+) -> Value {
     let mut paths = Map::new();
-    for r in resources::in_group_version(group, version) {
+    for &r in defs {
         let base = format!("/{}", gv_path(r.group, r.version));
         let coll = if r.namespaced {
             format!("{base}/namespaces/{{namespace}}/{}", r.plural)
@@ -224,7 +304,7 @@ fn build(group: &str, version: &str) -> Value {
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": format!("v1.{}.0", super::discovery::KUBE_MINOR)},
         "paths": paths,
-        "components": {"schemas": schemas(group, version)},
+        "components": {"schemas": schemas},
     })
 }
 
@@ -234,7 +314,9 @@ mod tests {
 
     #[test]
     fn apps_document_has_gvk_and_field_validation() {
-        let doc: Value = serde_json::from_slice(&document("apis/apps/v1").unwrap().body).unwrap();
+        let doc: Value =
+            serde_json::from_slice(&document(&Registry::default(), "apis/apps/v1").unwrap().body)
+                .unwrap();
         let p = &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
         assert_eq!(p["x-kubernetes-group-version-kind"]["kind"], "Deployment");
         assert!(p["parameters"]
@@ -243,9 +325,11 @@ mod tests {
             .iter()
             .any(|x| x["name"] == "fieldValidation"));
         assert!(doc["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"].is_object());
-        assert!(index()["paths"]["api/v1"]["serverRelativeURL"]
-            .as_str()
-            .unwrap()
-            .starts_with("/openapi/v3/api/v1?hash="));
+        assert!(
+            index(&Registry::default())["paths"]["api/v1"]["serverRelativeURL"]
+                .as_str()
+                .unwrap()
+                .starts_with("/openapi/v3/api/v1?hash=")
+        );
     }
 }

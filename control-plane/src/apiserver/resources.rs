@@ -8,6 +8,9 @@ use k8s_openapi::api::{
     events, node, policy, rbac, scheduling, storage,
 };
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+use super::crd;
 use super::model::{Model, Typed};
 use super::review;
 use super::strategy::{self, handler, Handler, Serve, Strategy, Subresource};
@@ -22,6 +25,9 @@ pub struct ResourceDef {
     pub plural: &'static str,
     pub namespaced: bool,
     pub short_names: &'static [&'static str],
+    /// The singular name when it is not the kind in lower case (custom
+    /// kinds name theirs).
+    pub singular_name: Option<&'static str>,
     pub categories: &'static [&'static str],
     /// Has a `/status` subresource: the main resource ignores status writes
     /// and the subresource ignores everything else (upstream's strategy split).
@@ -71,6 +77,7 @@ where
         plural: K::URL_PATH_SEGMENT,
         namespaced: true,
         short_names: &[],
+        singular_name: None,
         categories: &[],
         status: false,
         scale: false,
@@ -93,6 +100,9 @@ impl ResourceDef {
             short_names,
             ..self
         }
+    }
+    const fn categories(self, categories: &'static [&'static str]) -> Self {
+        ResourceDef { categories, ..self }
     }
     /// In the `all` category (`kubectl get all`).
     const fn all(self) -> Self {
@@ -239,6 +249,12 @@ pub static RESOURCES: &[ResourceDef] = &[
         .short(&["ev"])
         .stored_with("core", "events")
         .rules(&strategy::event::EventsV1),
+    kind::<CustomResourceDefinition>()
+        .cluster()
+        .short(&["crd", "crds"])
+        .categories(&["api-extensions"])
+        .with_status()
+        .rules(&crd::definition::Definition),
     kind::<rbac::v1::Role>().rules(&strategy::rbac::Role),
     kind::<rbac::v1::RoleBinding>().rules(&strategy::rbac::Binding),
     kind::<rbac::v1::ClusterRole>()
@@ -339,9 +355,13 @@ impl ResourceDef {
             format!("{}/{}", self.group, self.version)
         }
     }
-    /// The singular name: the kind in lower case, as upstream derives it.
+    /// The singular name: the kind in lower case, as upstream derives it,
+    /// unless the definition names another.
     pub fn singular(&self) -> String {
-        self.kind.to_lowercase()
+        match self.singular_name {
+            Some(s) => s.to_string(),
+            None => self.kind.to_lowercase(),
+        }
     }
     pub fn list_kind(&self) -> String {
         format!("{}List", self.kind)

@@ -12,8 +12,10 @@ use bytes::Bytes;
 use http::{Method, Response};
 use serde_json::{json, Value};
 
+use super::crd::custom;
 use super::handlers::{self, get_object, prepare_update, write_update, Attempt};
 use super::patch::{self, PatchType};
+use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::strategy::Serve;
 use super::{decode_body, json_response, ApiServer, Req};
@@ -53,7 +55,30 @@ pub(crate) async fn dispatch(
     }
 }
 
-fn scale_of(obj: &Value) -> Value {
+/// The `Scale` of `obj`, read where its kind keeps replicas.
+fn scale_of(def: &ResourceDef, obj: &Value) -> Value {
+    let (spec, status, sel) = match def.strategy.scale_paths() {
+        Some(paths) => custom::scale_view(&paths, obj),
+        None => (
+            obj["spec"]["replicas"].as_i64().unwrap_or(0),
+            obj["status"]["replicas"].as_i64().unwrap_or(0),
+            builtin_selector(obj),
+        ),
+    };
+    let meta = &obj["metadata"];
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
+        },
+        "spec": {"replicas": spec},
+        "status": {"replicas": status, "selector": sel},
+    })
+}
+
+fn builtin_selector(obj: &Value) -> String {
     let selector = &obj["spec"]["selector"];
     // ReplicationControllers select by a plain label map.
     let equality =
@@ -63,7 +88,7 @@ fn scale_of(obj: &Value) -> Value {
     } else {
         &selector["matchLabels"]
     };
-    let sel = labels
+    labels
         .as_object()
         .map(|m| {
             m.iter()
@@ -71,18 +96,7 @@ fn scale_of(obj: &Value) -> Value {
                 .collect::<Vec<_>>()
                 .join(",")
         })
-        .unwrap_or_default();
-    let meta = &obj["metadata"];
-    json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
-            "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
-        },
-        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(0)},
-        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": sel},
-    })
+        .unwrap_or_default()
 }
 
 /// `/scale`: a `Scale` view of spec.replicas; writes go to the parent.
@@ -94,7 +108,7 @@ async fn scale(
 ) -> ApiResult<Response<Body>> {
     for _ in 0..8 {
         let (cur, old) = get_object(api, r).await?;
-        let current = scale_of(&old);
+        let current = scale_of(r.def, &old);
         let wanted = match *method {
             Method::GET => return Ok(json_response(200, &current)),
             Method::PUT => decode_body(&body, r.content_type())?,
@@ -120,7 +134,10 @@ async fn scale(
             .as_i64()
             .ok_or_else(|| ApiError::bad_request("scale: spec.replicas must be an integer"))?;
         let mut new = old.clone();
-        new["spec"]["replicas"] = json!(replicas);
+        match r.def.strategy.scale_paths() {
+            Some(paths) => custom::set_replicas(&paths, &mut new, replicas),
+            None => new["spec"]["replicas"] = json!(replicas),
+        }
         let new = prepare_update(r.def, None, &old, new);
         let main = Req {
             sub: None,
@@ -129,7 +146,7 @@ async fn scale(
         if let Attempt::Done(v) =
             write_update(api, &main, &cur, &old, new, precondition.is_some()).await?
         {
-            return Ok(json_response(200, &scale_of(&v)));
+            return Ok(json_response(200, &scale_of(r.def, &v)));
         }
     }
     Err(ApiError::stale(r.def.group, r.def.plural, r.name()))

@@ -265,7 +265,7 @@ pub(crate) const QUANTITY_MESSAGE: &str =
 /// upstream's `IsDNS1123Label` message.
 pub(crate) const DNS_LABEL_MESSAGE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
-fn dns1035_label(field: &str, s: &str, c: &mut Vec<Cause>) {
+pub(crate) fn dns1035_label(field: &str, s: &str, c: &mut Vec<Cause>) {
     if s.is_empty() {
         c.push(Cause::required(field));
     } else if !is_dns_label(s) || !s.starts_with(|ch: char| ch.is_ascii_lowercase()) {

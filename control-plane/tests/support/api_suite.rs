@@ -552,3 +552,103 @@ pub async fn events(s: &TestServer) {
     let watch_ok = eventually(Duration::from_secs(1), || async { true }).await;
     assert!(watch_ok);
 }
+
+/// Until the definition `name` has condition `ty` at `status`; returns it.
+pub async fn crd_condition(s: &TestServer, name: &str, ty: &str, status: &str) -> Value {
+    let mut crd = Value::Null;
+    let ok = eventually(Duration::from_secs(10), || {
+        let out = s.kubectl(&["get", "crd", name, "-o", "json"]);
+        crd = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let done = crd["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == ty && c["status"] == status));
+        async move { done }
+    })
+    .await;
+    assert!(ok, "no {ty}={status}: {crd}");
+    crd
+}
+
+/// Until the definition `name` is Established; returns it.
+pub async fn established(s: &TestServer, name: &str) -> Value {
+    crd_condition(s, name, "Established", "True").await
+}
+
+#[derive(
+    kube::CustomResource, serde::Deserialize, serde::Serialize, Clone, Debug, schemars::JsonSchema,
+)]
+#[kube(group = "kube.rs", version = "v1", kind = "Document", namespaced)]
+#[kube(status = "DocumentStatus", shortname = "doc")]
+pub struct DocumentSpec {
+    title: String,
+    pages: Option<u32>,
+    tags: Vec<String>,
+}
+
+#[derive(serde::Deserialize, serde::Serialize, Clone, Debug, Default, schemars::JsonSchema)]
+pub struct DocumentStatus {
+    published: bool,
+}
+
+/// A kube-rs `#[derive(CustomResource)]` type: its generated definition is
+/// accepted, and typed clients create, watch, patch status, list and
+/// delete its objects.
+pub async fn derived_custom_resources(s: &TestServer) {
+    use futures::{StreamExt, TryStreamExt};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{WatchEvent, WatchParams};
+    use kube::CustomResourceExt;
+    let client = s.client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Document::crd())
+        .await
+        .expect("create the derived definition");
+    established(s, "documents.kube.rs").await;
+
+    let docs: Api<Document> = Api::namespaced(client.clone(), "default");
+    let mut watch = docs
+        .watch(&WatchParams::default(), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    let d = Document::new(
+        "guide",
+        DocumentSpec {
+            title: "Guide".into(),
+            pages: Some(3),
+            tags: vec!["a".into()],
+        },
+    );
+    let created = docs
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("create");
+    assert_eq!(created.spec.title, "Guide");
+    let ev = tokio::time::timeout(Duration::from_secs(10), watch.try_next())
+        .await
+        .expect("a watch event")
+        .expect("watch ok");
+    assert!(
+        matches!(ev, Some(WatchEvent::Added(ref o)) if o.spec.title == "Guide"),
+        "{ev:?}"
+    );
+
+    let status = serde_json::json!({"status": {"published": true}});
+    let patched = docs
+        .patch_status("guide", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("patch status");
+    assert!(patched.status.expect("status").published);
+    let listed = docs.list(&ListParams::default()).await.expect("list");
+    assert_eq!(listed.items.len(), 1);
+
+    docs.delete("guide", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(docs
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+}

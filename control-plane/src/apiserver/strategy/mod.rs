@@ -22,6 +22,8 @@
 //!   claims, StorageClasses, the CSI kinds), and
 //!   [`printed`] for the kinds whose only rule is how `kubectl get` prints
 //!   them.
+//! - CustomResourceDefinitions and the kinds they define have theirs in
+//!   [`super::crd`].
 
 pub mod componentstatus;
 pub mod configmap;
@@ -56,6 +58,7 @@ use futures::future::BoxFuture;
 use http::{Method, Response};
 use serde_json::{json, Value};
 
+pub use super::crd::custom::ScalePaths;
 use super::handlers::DeleteOptions;
 use super::ipalloc::Allocation;
 use super::objects::{self, meta_mut};
@@ -219,6 +222,13 @@ pub trait Strategy: Send + Sync {
     /// `metadata.namespace` (upstream's per-kind `GetAttrs`).
     fn selectable_fields(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// Where `/scale` reads and writes replicas and the selector; None for
+    /// the built-in kinds' `spec.replicas` / `status.replicas` /
+    /// `spec.selector` (custom kinds name their own paths).
+    fn scale_paths(&self) -> Option<ScalePaths> {
+        None
     }
 
     /// Subresources beyond `status` and `scale`.
