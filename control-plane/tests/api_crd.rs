@@ -390,3 +390,77 @@ async fn hostile_definitions_and_objects_are_refused_cleanly() {
     assert!(err.contains("spec.versions[0].schema.openAPIV3Schema.properties[spec].type: Required value: must not be empty for specified object fields"), "{err}");
     ok(s.kubectl(&["get", "ns", "default"]));
 }
+
+/// Two served versions share the stored objects (conversion `None`): each
+/// is read with its own apiVersion, stored at the storage version;
+/// discovery prefers the GA version; selectable fields filter lists.
+#[tokio::test(flavor = "multi_thread")]
+async fn versions_share_objects_and_fields_select() {
+    let s = TestServer::start().await;
+    let schema = r#"{"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object",
+        "properties": {"color": {"type": "string"}}}}}}"#;
+    let crd = format!(
+        r#"{{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {{"name": "paints.example.com"}},
+        "spec": {{"group": "example.com", "scope": "Cluster",
+            "names": {{"plural": "paints", "kind": "Paint"}},
+            "versions": [
+                {{"name": "v1beta1", "served": true, "storage": false, "schema": {schema}}},
+                {{"name": "v1", "served": true, "storage": true, "schema": {schema},
+                  "selectableFields": [{{"jsonPath": ".spec.color"}}]}}]}}}}"#
+    );
+    ok(s.kubectl_stdin(&["apply", "-f", "-"], &crd));
+    established(&s, "paints.example.com").await;
+    let group = json(ok(s.kubectl(&["get", "--raw", "/apis/example.com"])));
+    assert_eq!(group["preferredVersion"]["version"], "v1", "{group}");
+    let versions: Vec<&str> = group["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["version"].as_str())
+        .collect();
+    assert_eq!(versions, ["v1", "v1beta1"], "{group}");
+
+    ok(s.kubectl_stdin(
+        &["create", "-f", "-"],
+        "apiVersion: example.com/v1beta1\nkind: Paint\nmetadata: {name: red}\nspec: {color: red}\n",
+    ));
+    ok(s.kubectl_stdin(
+        &["create", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Paint\nmetadata: {name: blue}\nspec: {color: blue}\n",
+    ));
+    let old = json(ok(s.kubectl(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1beta1/paints/blue",
+    ])));
+    assert_eq!(old["apiVersion"], "example.com/v1beta1", "{old}");
+    let new = json(ok(s.kubectl(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1/paints/red",
+    ])));
+    assert_eq!(new["apiVersion"], "example.com/v1", "{new}");
+
+    let listed = json(ok(s.kubectl(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1/paints?fieldSelector=spec.color%3Dred",
+    ])));
+    let names: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["red"], "{listed}");
+    let err = fails(s.kubectl(&[
+        "get",
+        "--raw",
+        "/apis/example.com/v1beta1/paints?fieldSelector=spec.color%3Dred",
+    ]));
+    assert!(
+        err.contains("field label not supported: \"spec.color\""),
+        "{err}"
+    );
+}

@@ -606,7 +606,7 @@ async fn per_index_limits_and_success_policy() {
 
 /// The active pod for index `i` of `name` that is not `old`.
 async fn until_pod_for(env: &Env, name: &str, i: i32, old: &str) -> Pod {
-    until(&format!("a new pod for index {i}"), 30, || async {
+    until(&format!("a new pod for index {i}"), 60, || async {
         let active = active_job_pods(env, name).await;
         active
             .iter()

@@ -57,18 +57,7 @@ pub fn validate(schema: &Value, obj: &Value) -> Vec<Cause> {
             }
         }
     }
-    let mut rest = schema.clone();
-    if let Some(p) = rest.get_mut("properties").and_then(Value::as_object_mut) {
-        for k in ["apiVersion", "kind", "metadata"] {
-            p.remove(k);
-        }
-    }
-    let body: serde_json::Map<String, Value> = m
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    walk(&rest, &Value::Object(body), "", 0, &mut c);
+    object(schema, m, "", 0, true, &mut c);
     c
 }
 
@@ -179,7 +168,7 @@ fn walk(schema: &Value, v: &Value, path: &str, depth: usize, c: &mut Vec<Cause>)
         Value::String(s) => string(schema, s, v, path, c),
         Value::Number(_) => number(schema, v, path, c),
         Value::Array(a) => array(schema, a, v, path, depth, c),
-        Value::Object(m) => object(schema, m, path, depth, c),
+        Value::Object(m) => object(schema, m, path, depth, false, c),
         _ => {}
     }
     junctors(schema, v, path, depth, c);
@@ -358,11 +347,14 @@ fn duplicate(field: &str, v: &Value) -> Cause {
     }
 }
 
+/// `root`: the object itself, whose `apiVersion`, `kind` and `metadata`
+/// the server checks.
 fn object(
     schema: &Value,
     m: &serde_json::Map<String, Value>,
     path: &str,
     depth: usize,
+    root: bool,
     c: &mut Vec<Cause>,
 ) {
     for r in schema
@@ -405,6 +397,9 @@ fn object(
     let props = properties(schema);
     let extra = additional(schema);
     for (k, x) in m {
+        if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
         match props.and_then(|p| p.get(k)) {
             Some(s) => walk(s, x, &child(path, k), depth + 1, c),
             None => {
