@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 
 use crate::apiserver::health::ComponentHealth;
 use crate::config::Config;
+use crate::leader;
 use crate::pki::{self, Pki};
 
 /// Why a component could not start.
@@ -64,6 +65,34 @@ async fn client(pki: &Pki, url: &str, user: &'static str) -> Result<kube::Client
     kube::Client::try_from(cfg).map_err(|source| Error::Client { user, source })
 }
 
+/// Until `done` turns true.
+async fn until(mut done: watch::Receiver<bool>) {
+    let _ = done.wait_for(|d| *d).await;
+}
+
+/// Run `work` until `stop`: under the Lease `lease` when `elect` (only
+/// while this server leads), else at once. `work` is handed the signal to
+/// stop on: the server stopping, or the Lease lost.
+async fn under_lease<W, Fut>(
+    elect: bool,
+    client: kube::Client,
+    lease: &str,
+    stop: watch::Receiver<bool>,
+    work: W,
+) where
+    W: Fn(watch::Receiver<bool>) -> Fut + Send,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    if elect {
+        let identity = leader::identity(&crate::server::hostname());
+        leader::Elector::new(client, lease, identity, leader::Timing::default())
+            .run(stop, work)
+            .await;
+    } else {
+        work(stop).await;
+    }
+}
+
 /// Start what `cfg` enables against the server at `url`, reporting
 /// whether each runs in `health` (`componentstatuses`).
 ///
@@ -76,13 +105,7 @@ pub async fn start(
     health: Arc<ComponentHealth>,
 ) -> Result<Components, Error> {
     let pki = Pki::load_or_create(data_dir)?;
-    let (stop, stopped) = watch::channel(false);
-    let until_stopped = move || {
-        let mut rx = stopped.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let (stop, _) = watch::channel(false);
     let mut tasks = JoinSet::new();
     if cfg.disable_scheduler {
         health.set(
@@ -91,9 +114,20 @@ pub async fn start(
         );
     } else {
         let c = client(&pki, url, "system:kube-scheduler").await?;
+        let config = cfg.scheduler.clone();
+        let work = {
+            let c = c.clone();
+            move |done| skiff_scheduler::run(c.clone(), config.clone(), until(done))
+        };
         tasks.spawn(health.track(
             SCHEDULER,
-            skiff_scheduler::run(c, cfg.scheduler.clone(), until_stopped()),
+            under_lease(
+                cfg.leader_elect,
+                c,
+                "kube-scheduler",
+                stop.subscribe(),
+                work,
+            ),
         ));
     }
     if cfg.disable_controller_manager {
@@ -119,9 +153,19 @@ pub async fn start(
                 &cfg.service_accounts,
             )?)),
         };
+        let work = {
+            let c = c.clone();
+            move |done| skiff_controllers::run(c.clone(), controllers.clone(), until(done))
+        };
         tasks.spawn(health.track(
             CONTROLLER_MANAGER,
-            skiff_controllers::run(c, controllers, until_stopped()),
+            under_lease(
+                cfg.leader_elect,
+                c,
+                "kube-controller-manager",
+                stop.subscribe(),
+                work,
+            ),
         ));
     }
     Ok(Components { stop, tasks })

@@ -61,6 +61,8 @@ pub struct Settings {
     pub scheduler_config: Option<PathBuf>,
     /// Do not run the controllers in this process (k3s's flag).
     pub disable_controller_manager: Option<bool>,
+    /// Run the scheduler and controllers only while holding their Leases.
+    pub leader_elect: Option<bool>,
     /// Controllers to run: `*`, names, `-name` (kube-controller-manager's).
     pub controllers: Option<Vec<String>>,
     pub node_cidr_mask_size: Option<u8>,
@@ -150,6 +152,7 @@ impl Settings {
             disable_controller_manager: self
                 .disable_controller_manager
                 .or(other.disable_controller_manager),
+            leader_elect: self.leader_elect.or(other.leader_elect),
             controllers: self.controllers.or(other.controllers),
             node_cidr_mask_size: self.node_cidr_mask_size.or(other.node_cidr_mask_size),
             node_monitor_period: self.node_monitor_period.or(other.node_monitor_period),
@@ -236,6 +239,8 @@ pub struct Config {
     /// The scheduler's profiles and queue settings.
     pub scheduler: skiff_scheduler::Config,
     pub disable_controller_manager: bool,
+    /// The scheduler and controllers elect a leader through Leases.
+    pub leader_elect: bool,
     pub controllers: Vec<String>,
     pub node_cidr_mask_size: u8,
     pub node_monitor_period: Duration,
@@ -398,6 +403,7 @@ impl Config {
                 None => skiff_scheduler::Config::default(),
             },
             disable_controller_manager: s.disable_controller_manager.unwrap_or(false),
+            leader_elect: s.leader_elect.unwrap_or(true),
             controllers: s.controllers.unwrap_or_else(|| vec!["*".into()]),
             default_not_ready_toleration_seconds: s
                 .default_not_ready_toleration_seconds

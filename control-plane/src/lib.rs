@@ -18,6 +18,7 @@ pub mod auth;
 pub mod components;
 pub mod config;
 pub mod install;
+pub mod leader;
 pub mod metrics;
 pub mod pki;
 pub mod server;

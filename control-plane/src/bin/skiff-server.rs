@@ -111,6 +111,12 @@ struct ServeArgs {
     /// Do not run the controllers in this process.
     #[arg(long)]
     disable_controller_manager: bool,
+    /// Run the scheduler and the controllers only while this server holds
+    /// their Lease in kube-system (kube-scheduler's and
+    /// kube-controller-manager's flag); `--leader-elect=false` for a
+    /// server that is sure to be alone [default: true].
+    #[arg(long)]
+    leader_elect: Option<bool>,
     /// Controllers to run: '*' for all, a name to enable, '-name' to
     /// disable (deployment, replicaset, daemonset, job, nodelifecycle,
     /// garbagecollector, namespace, endpointslice, nodeipam).
@@ -241,6 +247,7 @@ impl ServeArgs {
             disable_scheduler: self.disable_scheduler.then_some(true),
             scheduler_config: self.scheduler_config.clone(),
             disable_controller_manager: self.disable_controller_manager.then_some(true),
+            leader_elect: self.leader_elect,
             controllers: self.controllers.clone(),
             node_cidr_mask_size: self.node_cidr_mask_size,
             node_monitor_period: self.node_monitor_period.clone(),
