@@ -50,6 +50,10 @@ async fn etcd_pagination_tables_lifecycle_events() {
     let (code, _, body) = api::raw(&c, "GET", "/readyz?verbose", "application/json", vec![]).await;
     assert_eq!(code, 200);
     assert!(body.as_str().unwrap().contains("[+]etcd ok"), "{body}");
+    assert!(
+        body.as_str().unwrap().contains("[+]etcd-readiness ok"),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
