@@ -10,7 +10,7 @@
 use std::sync::{Arc, RwLock};
 
 use schemars::SchemaGenerator;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::jsonpath;
 use super::structural;
@@ -107,12 +107,17 @@ impl Model for CustomKind {
     }
 }
 
-/// Everything but metadata and status: what a generation counts.
-fn content(obj: &Value) -> Map<String, Value> {
-    let mut m = obj.as_object().cloned().unwrap_or_default();
-    m.remove("metadata");
-    m.remove("status");
-    m
+/// Whether two objects agree on everything but metadata and status: what
+/// a generation counts. Compared in place, without copies.
+fn same_content(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let counted = |k: &String| k != "metadata" && k != "status";
+    a.keys().filter(|k| counted(k)).count() == b.keys().filter(|k| counted(k)).count()
+        && a.iter()
+            .filter(|(k, _)| counted(k))
+            .all(|(k, v)| b.get(k) == Some(v))
 }
 
 impl Strategy for CustomKind {
@@ -132,7 +137,7 @@ impl Strategy for CustomKind {
     fn prepare_for_update(&self, old: &Value, new: &mut Value) {
         let before = old["metadata"]["generation"].as_i64().unwrap_or(0);
         let now = new["metadata"]["generation"].as_i64().unwrap_or(0);
-        let mut changed = content(old) != content(new);
+        let mut changed = !same_content(old, new);
         if !changed && old.get("status") != new.get("status") && new.get("status").is_some() {
             // Without a status subresource, status is content like the rest.
             changed = !self.rules().status;
