@@ -464,3 +464,42 @@ async fn versions_share_objects_and_fields_select() {
         "{err}"
     );
 }
+
+/// A custom object's own finalizer holds its definition's deletion: the
+/// definition is Terminating, new objects are refused, and both go once
+/// the finalizer is removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn object_finalizers_hold_the_definition_deletion() {
+    let s = TestServer::start().await;
+    ok(s.kubectl_stdin(&["apply", "-f", "-"], WIDGETS));
+    established(&s, "widgets.example.com").await;
+    ok(s.kubectl_stdin(
+        &["create", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: held, finalizers: [example.com/keep]}\nspec: {color: red}\n",
+    ));
+    ok(s.kubectl(&["delete", "crd", "widgets.example.com", "--wait=false"]));
+    let crd = crd_condition(&s, "widgets.example.com", "Terminating", "True").await;
+    assert!(crd["metadata"]["deletionTimestamp"].is_string(), "{crd}");
+    let held = json(ok(s.kubectl(&["get", "widget", "held", "-o", "json"])));
+    assert!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
+    let err = fails(s.kubectl_stdin(&["create", "-f", "-"], &widget("late", "  color: blue\n")));
+    assert!(
+        err.contains("create not allowed while custom resource definition is terminating"),
+        "{err}"
+    );
+
+    ok(s.kubectl(&[
+        "patch",
+        "widget",
+        "held",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ]));
+    let gone = eventually(Duration::from_secs(20), || {
+        let out = s.kubectl(&["get", "crd", "widgets.example.com"]);
+        async move { !out.status.success() }
+    })
+    .await;
+    assert!(gone, "the definition stayed after its last object went");
+}

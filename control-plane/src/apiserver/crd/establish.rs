@@ -248,6 +248,10 @@ async fn reconcile(api: &Arc<ApiServer>, cleaning: &Cleaning) -> store::Result<i
     Ok(list.revision)
 }
 
+/// How long the cleanup waits between lists: at first, and at most.
+const FIRST_PAUSE: Duration = Duration::from_millis(300);
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
 /// Delete every object of a deleted definition (their own finalizers
 /// still hold them), then take the cleanup finalizer off once none is
 /// left. Creates are refused meanwhile ([`super::admit_create`]), so
@@ -267,6 +271,7 @@ async fn cleanup(api: &Arc<ApiServer>, crd: &Value) {
     // A create admitted just before the definition was marked may still
     // be on its way to the store: the list must come back empty twice.
     let mut empty = 0;
+    let (mut pause, mut last_left) = (FIRST_PAUSE, usize::MAX);
     loop {
         let left = match api.store.list(&prefix, None, 0, None).await {
             Ok(l) => l.kvs,
@@ -318,8 +323,16 @@ async fn cleanup(api: &Arc<ApiServer>, crd: &Value) {
                 _ => {}
             }
         }
+        // Objects held by their own finalizers may stay a long time: look
+        // less often while the same ones are left.
+        pause = if left.len() == last_left {
+            (pause * 2).min(MAX_PAUSE)
+        } else {
+            FIRST_PAUSE
+        };
+        last_left = left.len();
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = shutdown.changed() => return,
         }
     }
