@@ -65,9 +65,10 @@ async fn client(pki: &Pki, url: &str, user: &'static str) -> Result<kube::Client
     kube::Client::try_from(cfg).map_err(|source| Error::Client { user, source })
 }
 
-/// Until `done` turns true.
+/// Until `done` turns true (owning it, as the components' shutdown
+/// futures must).
 async fn until(mut done: watch::Receiver<bool>) {
-    let _ = done.wait_for(|d| *d).await;
+    leader::stopped(&mut done).await;
 }
 
 /// Run `work` until `stop`: under the Lease `lease` when `elect` (only

@@ -103,7 +103,7 @@ impl Elector {
                 Err(e) => Err(e),
             };
         };
-        let spec = lease.spec.clone().unwrap_or_default();
+        let spec = lease.spec.take().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let record = (
             holder.clone(),
@@ -255,7 +255,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// Until `stop` turns true (the guard `wait_for` returns is not kept).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 

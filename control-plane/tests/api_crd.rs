@@ -74,6 +74,15 @@ fn widget(name: &str, spec: &str) -> String {
     format!("apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\nspec:\n{spec}")
 }
 
+/// Whether the definition `name` is gone within `secs` seconds.
+async fn gone(s: &TestServer, name: &str, secs: u64) -> bool {
+    eventually(Duration::from_secs(secs), || {
+        let out = s.kubectl(&["get", "crd", name]);
+        async move { !out.status.success() }
+    })
+    .await
+}
+
 fn json(out: String) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
@@ -240,12 +249,10 @@ async fn custom_resources_are_served_validated_printed_scaled_and_cleaned_up() {
         "--wait=true",
         "--timeout=20s",
     ]));
-    let gone = eventually(Duration::from_secs(10), || {
-        let out = s.kubectl(&["get", "crd", "widgets.example.com"]);
-        async move { !out.status.success() }
-    })
-    .await;
-    assert!(gone, "the definition stayed");
+    assert!(
+        gone(&s, "widgets.example.com", 10).await,
+        "the definition stayed"
+    );
     let raw = s.kubectl(&[
         "get",
         "--raw",
@@ -496,10 +503,8 @@ async fn object_finalizers_hold_the_definition_deletion() {
         "-p",
         r#"{"metadata":{"finalizers":null}}"#,
     ]));
-    let gone = eventually(Duration::from_secs(20), || {
-        let out = s.kubectl(&["get", "crd", "widgets.example.com"]);
-        async move { !out.status.success() }
-    })
-    .await;
-    assert!(gone, "the definition stayed after its last object went");
+    assert!(
+        gone(&s, "widgets.example.com", 20).await,
+        "the definition stayed after its last object went"
+    );
 }

@@ -576,16 +576,14 @@ impl ApiServer {
             p if p.starts_with("/openapi/v3/") => {
                 let doc = openapi::document(&self.crds, &p["/openapi/v3/".len()..])
                     .ok_or_else(|| ApiError::not_found_path(path))?;
-                let mut resp = Response::new(Body::from(doc.body.clone()));
+                let etag = HeaderValue::from_str(&format!("\"{}\"", doc.hash))
+                    .unwrap_or(HeaderValue::from_static("\"\""));
+                let mut resp = Response::new(Body::from(doc.body));
                 resp.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 );
-                resp.headers_mut().insert(
-                    header::ETAG,
-                    HeaderValue::from_str(&format!("\"{}\"", doc.hash))
-                        .unwrap_or(HeaderValue::from_static("\"\"")),
-                );
+                resp.headers_mut().insert(header::ETAG, etag);
                 Ok(resp)
             }
             p if p.starts_with("/healthz/")

@@ -36,6 +36,13 @@ pub fn value_at<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
     path.split('.').try_fold(obj, |v, k| v.get(k))
 }
 
+/// The strings of a JSON array (others skipped); none when `v` is not one.
+pub fn str_list(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
 /// Labels as (key, value) pairs.
 pub fn labels(obj: &Value) -> Vec<(&str, &str)> {
     obj.get("metadata")

@@ -13,12 +13,15 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
+use bytes::Bytes;
+
 use super::crd::Registry;
 use super::resources::{self, ResourceDef};
 
 /// One group version's document, serialized once, with its content hash.
 pub struct Doc {
-    pub body: Vec<u8>,
+    /// Shared, so that answering with a built-in document copies nothing.
+    pub body: Bytes,
     pub hash: String,
 }
 
@@ -50,7 +53,13 @@ fn docs() -> &'static BTreeMap<String, Doc> {
             );
             let body = serde_json::to_vec(&doc).unwrap_or_default();
             let hash = fnv_hex(&body);
-            out.insert(gv_path(g, v), Doc { body, hash });
+            out.insert(
+                gv_path(g, v),
+                Doc {
+                    body: body.into(),
+                    hash,
+                },
+            );
         }
         out
     })
@@ -123,7 +132,10 @@ fn custom_document(crds: &Registry, group: &str, version: &str) -> Option<Doc> {
     let doc = build(&defs, out, custom_schema_name);
     let body = serde_json::to_vec(&doc).unwrap_or_default();
     let hash = fnv_hex(&body);
-    Some(Doc { body, hash })
+    Some(Doc {
+        body: body.into(),
+        hash,
+    })
 }
 
 /// Upstream names a custom kind's schema by its reversed group:

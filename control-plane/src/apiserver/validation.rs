@@ -265,10 +265,15 @@ pub(crate) const QUANTITY_MESSAGE: &str =
 /// upstream's `IsDNS1123Label` message.
 pub(crate) const DNS_LABEL_MESSAGE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
+/// upstream's `IsDNS1035Label`: a DNS label that starts with a letter.
+pub(crate) fn is_dns1035_label(s: &str) -> bool {
+    is_dns_label(s) && s.starts_with(|ch: char| ch.is_ascii_lowercase())
+}
+
 pub(crate) fn dns1035_label(field: &str, s: &str, c: &mut Vec<Cause>) {
     if s.is_empty() {
         c.push(Cause::required(field));
-    } else if !is_dns_label(s) || !s.starts_with(|ch: char| ch.is_ascii_lowercase()) {
+    } else if !is_dns1035_label(s) {
         c.push(Cause::invalid(field, s, "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"));
     }
 }

@@ -233,7 +233,6 @@ fn cell(c: &PrinterColumn, obj: &Value) -> Value {
         "boolean" if v.is_boolean() => v.clone(),
         "string" => match v {
             Value::String(_) => v.clone(),
-            Value::Object(_) | Value::Array(_) => json!(v.to_string()),
             other => json!(other.to_string()),
         },
         _ => Value::Null,

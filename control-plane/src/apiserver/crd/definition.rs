@@ -13,7 +13,7 @@ use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::status::Cause;
 use crate::apiserver::strategy::{self, Strategy};
 use crate::apiserver::table::{self, Col};
-use crate::apiserver::validation::{dns1035_label, dns_subdomain};
+use crate::apiserver::validation::{dns1035_label, dns_subdomain, is_dns1035_label};
 use crate::apiserver::ApiServer;
 
 pub struct Definition;
@@ -76,10 +76,7 @@ fn names(n: &Value, path: &str, c: &mut Vec<Cause>) {
 
 /// Kinds are DNS-1035 labels once lower-cased (upstream's rule).
 fn kind_name(field: &str, kind: &str, c: &mut Vec<Cause>) {
-    let lower = kind.to_lowercase();
-    let mut causes = Vec::new();
-    dns1035_label(field, &lower, &mut causes);
-    if !causes.is_empty() {
+    if !is_dns1035_label(&kind.to_lowercase()) {
         c.push(Cause::invalid(
             field,
             kind,

@@ -17,11 +17,11 @@ use serde_json::{json, Value};
 
 use super::registry::condition_true;
 use super::CLEANUP_FINALIZER;
-use crate::apiserver::handlers::{delete_one, DeleteOptions};
+use crate::apiserver::handlers::{delete_one, get_object, write_update, Attempt, DeleteOptions};
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::resources::{self, ResourceDef};
 use crate::apiserver::{convert, ApiServer, Req};
-use crate::store::{self, Event};
+use crate::store::{self, Event, KeyValue};
 
 fn crd_def() -> &'static ResourceDef {
     resources::lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -59,12 +59,6 @@ fn requested(crd: &Value) -> &Value {
     &crd["spec"]["names"]
 }
 
-fn str_list(v: &Value) -> Vec<&str> {
-    v.as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
-}
-
 /// Upstream's naming controller: a name already accepted for another
 /// definition of the same group is a conflict. None: no conflict.
 fn conflict(crd: &Value, others: &[&Value]) -> Option<(&'static str, String)> {
@@ -89,9 +83,9 @@ fn conflict(crd: &Value, others: &[&Value]) -> Option<(&'static str, String)> {
             return Some(("SingularConflict", in_use(&singular)));
         }
     }
-    for short in str_list(&names["shortNames"]) {
+    for short in objects::str_list(&names["shortNames"]) {
         if taken.iter().any(|t| {
-            str_list(&t["shortNames"]).contains(&short)
+            objects::str_list(&t["shortNames"]).contains(&short)
                 || s(&t["plural"]) == short
                 || s(&t["singular"]) == short
         }) {
@@ -169,21 +163,23 @@ fn desired(crd: &Value, others: &[&Value]) -> Value {
     next
 }
 
-/// Compare-and-swap `new` over the definition read at `rev`; a lost race
-/// is settled by the next watch event.
-async fn write(api: &ApiServer, rev: i64, new: &Value) {
-    let key = crd_def().key(None, objects::name(new).unwrap_or_default());
-    let mut stored = new.clone();
-    if let Some(m) = stored["metadata"].as_object_mut() {
-        m.remove("resourceVersion");
-    }
-    match api
-        .store
-        .update(&key, convert::encode(crd_def(), &stored), rev)
-        .await
-    {
-        Ok(_) | Err(store::Error::Conflict { .. }) | Err(store::Error::NotFound { .. }) => {}
-        Err(e) => tracing::warn!(key, error = %e, "crd: status write failed"),
+/// Write a definition's new status over `cur` (its stored form, `old`
+/// decoded) through the status subresource's pipeline; a lost race is
+/// settled by the next watch event.
+async fn write_status(api: &ApiServer, cur: &KeyValue, old: &Value, new: Value) {
+    let r = Req {
+        sub: Some("status".into()),
+        ..Req::system(
+            crd_def(),
+            "update",
+            None,
+            objects::name(&new).map(String::from),
+        )
+    };
+    match write_update(api, &r, cur, old, new, false).await {
+        Ok(_) => {}
+        Err(e) if e.code == 404 => {}
+        Err(e) => tracing::warn!(crd = r.name(), error = %e.message, "crd: status write failed"),
     }
 }
 
@@ -195,12 +191,10 @@ async fn reconcile(api: &Arc<ApiServer>, cleaning: &Cleaning) -> store::Result<i
         .store
         .list(&crd_def().prefix(None), None, 0, None)
         .await?;
-    let mut crds: Vec<(i64, Value)> = list
+    let mut crds: Vec<(&KeyValue, Value)> = list
         .kvs
         .iter()
-        .filter_map(|kv| {
-            convert::decode(crd_def(), &kv.value, kv.mod_revision).map(|v| (kv.mod_revision, v))
-        })
+        .filter_map(|kv| convert::decode(crd_def(), &kv.value, kv.mod_revision).map(|v| (kv, v)))
         .collect();
     // Names once accepted stay with their definition; among the others
     // the oldest gets a contested name.
@@ -215,14 +209,14 @@ async fn reconcile(api: &Arc<ApiServer>, cleaning: &Cleaning) -> store::Result<i
         )
     });
     let mut settled: Vec<Value> = Vec::new();
-    for (rev, crd) in &crds {
+    for (kv, crd) in &crds {
         let others: Vec<&Value> = settled
             .iter()
             .filter(|o| condition_true(o, "NamesAccepted"))
             .collect();
         let next = desired(crd, &others);
         if next != *crd {
-            write(api, *rev, &next).await;
+            write_status(api, kv, crd, next.clone()).await;
         }
         settled.push(next);
     }
@@ -339,40 +333,31 @@ async fn cleanup(api: &Arc<ApiServer>, crd: &Value) {
     finish(api, name).await;
 }
 
-/// Take the cleanup finalizer off (the definition goes if it was the last).
+/// Take the cleanup finalizer off through the generic update, which
+/// removes the definition once no finalizer is left.
 async fn finish(api: &ApiServer, name: &str) {
-    let key = crd_def().key(None, name);
+    let r = Req::system(crd_def(), "update", None, Some(name.to_string()));
     for _ in 0..8 {
-        let Ok(Some(kv)) = api.store.get(&key).await else {
-            return;
+        let (cur, old) = match get_object(api, &r).await {
+            Ok(found) => found,
+            Err(e) if e.code == 404 => return,
+            Err(e) => {
+                tracing::warn!(crd = name, error = %e.message, "crd cleanup: reading the definition failed");
+                return;
+            }
         };
-        let Some(mut crd) = convert::decode(crd_def(), &kv.value, kv.mod_revision) else {
-            return;
-        };
-        let finalizers: Vec<String> = objects::finalizers(&crd)
+        let finalizers: Vec<String> = objects::finalizers(&old)
             .into_iter()
             .filter(|f| f != CLEANUP_FINALIZER)
             .collect();
-        let result = if finalizers.is_empty() {
-            api.store
-                .delete(&key, Some(kv.mod_revision))
-                .await
-                .map(|_| ())
-        } else {
-            meta_mut(&mut crd).insert("finalizers".into(), json!(finalizers));
-            if let Some(m) = crd["metadata"].as_object_mut() {
-                m.remove("resourceVersion");
-            }
-            api.store
-                .update(&key, convert::encode(crd_def(), &crd), kv.mod_revision)
-                .await
-                .map(|_| ())
-        };
-        match result {
-            Ok(()) | Err(store::Error::NotFound { .. }) => return,
-            Err(store::Error::Conflict { .. }) => continue,
+        let mut new = old.clone();
+        meta_mut(&mut new).insert("finalizers".into(), json!(finalizers));
+        match write_update(api, &r, &cur, &old, new, false).await {
+            Ok(Attempt::Done(_)) => return,
+            Ok(Attempt::Retry) => continue,
+            Err(e) if e.code == 404 => return,
             Err(e) => {
-                tracing::warn!(crd = name, error = %e, "crd cleanup: finalizer removal failed");
+                tracing::warn!(crd = name, error = %e.message, "crd cleanup: finalizer removal failed");
                 return;
             }
         }

@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::custom::{CustomKind, PrinterColumn, Rules, ScalePaths};
 use super::intern;
 use super::versions;
+use crate::apiserver::objects;
 use crate::apiserver::resources::{self, ResourceDef};
 
 /// A custom group and its served versions, the preferred first.
@@ -95,13 +96,7 @@ fn row(key: RowKey) -> Row {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
+    objects::str_list(v).into_iter().map(String::from).collect()
 }
 
 fn printer_columns(v: &Value) -> Option<Vec<PrinterColumn>> {

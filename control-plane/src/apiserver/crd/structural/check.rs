@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use super::{additional, child, flag, properties, validate, MAX_DEPTH};
+use crate::apiserver::objects::str_list;
 use crate::apiserver::status::Cause;
 
 const TYPES: &[&str] = &["array", "boolean", "integer", "number", "object", "string"];
@@ -330,11 +331,7 @@ fn list_type(schema: &Value, path: &str, c: &mut Vec<Cause>) {
                     "must be object if parent array's x-kubernetes-list-type is map",
                 ));
             }
-            let keys: Vec<&str> = schema
-                .get("x-kubernetes-list-map-keys")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+            let keys = str_list(&schema["x-kubernetes-list-map-keys"]);
             let keys_field = child(path, "x-kubernetes-list-map-keys");
             if keys.is_empty() {
                 c.push(Cause::required_because(
@@ -343,11 +340,7 @@ fn list_type(schema: &Value, path: &str, c: &mut Vec<Cause>) {
                 ));
                 return;
             }
-            let required: Vec<&str> = items
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+            let required = str_list(&items["required"]);
             for k in keys {
                 let prop = properties(items).and_then(|p| p.get(k));
                 let scalar = prop

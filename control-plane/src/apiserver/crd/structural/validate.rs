@@ -9,6 +9,7 @@ use regex::Regex;
 use serde_json::Value;
 
 use super::{additional, child, embedded, flag, formats, index, properties, type_name, MAX_DEPTH};
+use crate::apiserver::objects::str_list;
 use crate::apiserver::status::Cause;
 
 /// Compiled patterns, shared by every object of every kind; dropped
@@ -306,11 +307,7 @@ fn array(schema: &Value, a: &[Value], v: &Value, path: &str, depth: usize, c: &m
             }
         }
         Some("map") => {
-            let keys: Vec<&str> = schema
-                .get("x-kubernetes-list-map-keys")
-                .and_then(Value::as_array)
-                .map(|k| k.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+            let keys = str_list(&schema["x-kubernetes-list-map-keys"]);
             let key_of = |x: &Value| -> Vec<Value> {
                 keys.iter()
                     .map(|k| x.get(*k).cloned().unwrap_or(Value::Null))
@@ -357,16 +354,9 @@ fn object(
     root: bool,
     c: &mut Vec<Cause>,
 ) {
-    for r in schema
-        .get("required")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        if let Some(k) = r.as_str() {
-            if !m.contains_key(k) {
-                c.push(Cause::required(child(path, k)));
-            }
+    for k in str_list(&schema["required"]) {
+        if !m.contains_key(k) {
+            c.push(Cause::required(child(path, k)));
         }
     }
     let n = m.len() as u64;
