@@ -477,12 +477,14 @@ spec:
             "--wait=false",
         ])
         .await?;
-    let pod_dir: PathBuf = root.join("pods").join(&uid);
-    until(T, "app's directory removed", || async {
-        Ok((!pod_dir.exists()).then_some(()))
+    // All three go together; a pod's mounts are gone before its directory.
+    let pods_dir: PathBuf = root.join("pods");
+    until(T, "the pods' directories removed", || async {
+        let left = std::fs::read_dir(&pods_dir).map_or(0, |d| d.count());
+        Ok((left == 0).then_some(()))
     })
     .await?;
-    stage(t0, "app gone");
+    stage(t0, "pods gone");
     let left = host_mounts_under(&root.join("pods"));
     ensure!(left.is_empty(), "mounts left behind: {left:?}");
     cluster.finish().await
