@@ -388,6 +388,20 @@ async fn hostile_definitions_and_objects_are_refused_cleanly() {
         err.contains("spec.s in body should match '^(a+)+$'"),
         "{err}"
     );
+    // So is the same pattern in a CEL rule.
+    let rule = serde_json::json!({"type": "object", "properties": {"spec": {"type": "object",
+        "properties": {"s": {"type": "string"}},
+        "x-kubernetes-validations": [{"rule": "self.s.matches('^(a+)+$')"}]}}});
+    ok(s.kubectl_stdin(&["create", "-f", "-"], &crd("celregex", rule)));
+    established(&s, "celregexs.hostile.example.com").await;
+    let err = fails(s.kubectl_stdin(
+        &["create", "-f", "-"],
+        &evil.replace("kind: Regex", "kind: Celregex"),
+    ));
+    assert!(
+        err.contains("spec: Invalid value: \"object\": failed rule: self.s.matches('^(a+)+$')"),
+        "{err}"
+    );
 
     // A non-structural schema and a bad printer column, with upstream's causes.
     let err = fails(s.kubectl_stdin(
@@ -507,4 +521,182 @@ async fn object_finalizers_hold_the_definition_deletion() {
         gone(&s, "widgets.example.com", 20).await,
         "the definition stayed after its last object went"
     );
+}
+
+const SHELVES: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: shelves.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: shelves, singular: shelf, kind: Shelf}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-validations:
+        - {rule: "self.metadata.name.startsWith('shelf-')", message: "shelf names start with shelf-"}
+        properties:
+          spec:
+            type: object
+            x-kubernetes-validations:
+            - rule: "self.minBooks <= self.maxBooks"
+              messageExpression: "'minBooks ' + string(self.minBooks) + ' is above maxBooks ' + string(self.maxBooks)"
+            - {rule: "self.material == oldSelf.material", message: "material is immutable", reason: FieldValueForbidden, fieldPath: .material}
+            properties:
+              minBooks: {type: integer}
+              maxBooks: {type: integer}
+              material: {type: string, maxLength: 20}
+              labels:
+                type: array
+                maxItems: 10
+                items: {type: string, maxLength: 10}
+                x-kubernetes-validations:
+                - {rule: "self.all(l, l == l.lowerAscii())", message: "labels are lower case"}
+          status:
+            type: object
+            properties:
+              books: {type: integer}
+            x-kubernetes-validations:
+            - {rule: "self.books >= 0", message: "books cannot be negative"}
+"#;
+
+fn shelf(name: &str, spec: &str) -> String {
+    format!("apiVersion: example.com/v1\nkind: Shelf\nmetadata:\n  name: {name}\nspec: {spec}\n")
+}
+
+/// `x-kubernetes-validations` rules run on creates, updates (transition
+/// rules with `oldSelf`) and status writes, with the rule's message,
+/// messageExpression, reason and fieldPath; rules that do not compile or
+/// could cost too much are refused with the definition.
+#[tokio::test(flavor = "multi_thread")]
+async fn validation_rules_run_with_their_messages_and_limits() {
+    let s = TestServer::start().await;
+    ok(s.kubectl_stdin(&["apply", "-f", "-"], SHELVES));
+    established(&s, "shelves.example.com").await;
+    let good = "{minBooks: 1, maxBooks: 2, material: oak, labels: [x]}";
+    ok(s.kubectl_stdin(&["apply", "-f", "-"], &shelf("shelf-a", good)));
+
+    let bad = [
+        (
+            "box",
+            good,
+            "<nil>: Invalid value: \"object\": shelf names start with shelf-",
+        ),
+        (
+            "shelf-b",
+            "{minBooks: 5, maxBooks: 2, material: oak}",
+            "spec: Invalid value: \"object\": minBooks 5 is above maxBooks 2",
+        ),
+        (
+            "shelf-c",
+            "{minBooks: 1, maxBooks: 2, material: oak, labels: [Up]}",
+            "spec.labels: Invalid value: \"array\": labels are lower case",
+        ),
+    ];
+    for (name, spec, want) in bad {
+        let err = fails(s.kubectl_stdin(&["create", "-f", "-"], &shelf(name, spec)));
+        assert!(err.contains(want), "{name}: {err}");
+    }
+
+    // A transition rule compares with the stored object, on apply and
+    // on patch; an unchanged field passes.
+    let err = fails(s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &shelf("shelf-a", "{minBooks: 1, maxBooks: 2, material: pine}"),
+    ));
+    assert!(
+        err.contains("spec.material: Forbidden: material is immutable"),
+        "{err}"
+    );
+    let err = fails(s.kubectl(&[
+        "patch",
+        "shelf",
+        "shelf-a",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"material":"pine"}}"#,
+    ]));
+    assert!(err.contains("material is immutable"), "{err}");
+    ok(s.kubectl(&[
+        "patch",
+        "shelf",
+        "shelf-a",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"maxBooks":3}}"#,
+    ]));
+
+    // Status writes are checked by the status schema's rules.
+    let err = fails(s.kubectl(&[
+        "patch",
+        "shelf",
+        "shelf-a",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"books":-1}}"#,
+    ]));
+    assert!(
+        err.contains("status: Invalid value: \"object\": books cannot be negative"),
+        "{err}"
+    );
+    ok(s.kubectl(&[
+        "patch",
+        "shelf",
+        "shelf-a",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"books":4}}"#,
+    ]));
+
+    // Definitions whose rules cannot run are refused, naming the rule.
+    let cases = [
+        (
+            "self.minBooks <= self.nope",
+            "spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule: Invalid value: \"self.minBooks <= self.nope\": compilation failed: ERROR: <input>:1:22: undefined field 'nope'",
+        ),
+        (
+            "self.minBooks <=",
+            "x-kubernetes-validations[0].rule: Invalid value: \"self.minBooks <=\": compilation failed: ERROR: <input>:1:",
+        ),
+        (
+            "self.labels.isSorted()",
+            "compilation failed: ERROR: <input>:1:21: undeclared reference to 'isSorted' (in container '')",
+        ),
+    ];
+    for (rule, want) in cases {
+        let crd = SHELVES
+            .replace("shelves", "crates")
+            .replace("shelf", "crate")
+            .replace("Shelf", "Crate")
+            .replace("\"self.minBooks <= self.maxBooks\"", &format!("{rule:?}"));
+        let err = fails(s.kubectl_stdin(&["create", "-f", "-"], &crd));
+        assert!(err.contains(want), "{rule}: {err}");
+    }
+    // Unbounded lists of unbounded strings, compared pairwise.
+    let costly = SHELVES
+        .replace("shelves", "crates")
+        .replace("shelf", "crate")
+        .replace("Shelf", "Crate")
+        .replace("                maxItems: 10\n", "")
+        .replace("{type: string, maxLength: 10}", "{type: string}")
+        .replace(
+            "self.all(l, l == l.lowerAscii())",
+            "self.all(a, self.exists(b, a == b + b))",
+        );
+    let err = fails(s.kubectl_stdin(&["create", "-f", "-"], &costly));
+    assert!(
+        err.contains("properties[labels].x-kubernetes-validations[0].rule: Forbidden: estimated rule cost exceeds budget by factor of more than 100x (try simplifying the rule, or adding maxItems, maxProperties, and maxLength where arrays, maps, and strings are declared)"),
+        "{err}"
+    );
+    let out = s.kubectl(&["get", "crd", "crates.example.com"]);
+    assert!(!out.status.success(), "a refused definition was stored");
 }

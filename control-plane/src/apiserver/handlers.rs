@@ -551,7 +551,7 @@ pub(crate) async fn write_update_warned(
     let causes = if main {
         validation::validate_update(def, old, &new)
     } else {
-        validation::validate(def, &new)
+        validation::validate_subresource_update(def, old, &new)
     };
     if !causes.is_empty() {
         return Err(ApiError::invalid(def.kind, def.group, &name, causes));

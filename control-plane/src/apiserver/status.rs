@@ -19,6 +19,10 @@ pub struct Cause {
 }
 
 impl Cause {
+    /// `field: message`, as a cause shows in an Invalid status's message.
+    pub fn line(&self) -> String {
+        format!("{}: {}", self.field, self.message)
+    }
     pub fn required(field: impl Into<String>) -> Self {
         Cause {
             reason: "FieldValueRequired",
@@ -194,10 +198,7 @@ impl ApiError {
         Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ct:?})"))
     }
     pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
-        let list: Vec<String> = causes
-            .iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect();
+        let list: Vec<String> = causes.iter().map(|c| c.line()).collect();
         let joined = if list.len() == 1 {
             list[0].clone()
         } else {

@@ -40,6 +40,13 @@ pub fn validate_update(def: &ResourceDef, old: &Value, new: &Value) -> Vec<Cause
     c
 }
 
+/// [`validate`] for a write through a subresource.
+pub fn validate_subresource_update(def: &ResourceDef, old: &Value, new: &Value) -> Vec<Cause> {
+    let mut c = object_meta(def, new);
+    c.extend(def.strategy.validate_status_update(old, new));
+    c
+}
+
 /// The total size annotations may have (upstream's
 /// `TotalAnnotationSizeLimitB`).
 const MAX_ANNOTATIONS: usize = 256 * 1024;

@@ -575,11 +575,12 @@ pub async fn established(s: &TestServer, name: &str) -> Value {
 }
 
 #[derive(
-    kube::CustomResource, serde::Deserialize, serde::Serialize, Clone, Debug, schemars::JsonSchema,
+    kube::CustomResource, serde::Deserialize, serde::Serialize, Clone, Debug, kube::KubeSchema,
 )]
 #[kube(group = "kube.rs", version = "v1", kind = "Document", namespaced)]
 #[kube(status = "DocumentStatus", shortname = "doc")]
 pub struct DocumentSpec {
+    #[x_kube(validation = kube::core::Rule::new("self.size() > 0").message("a document needs a title"))]
     title: String,
     pages: Option<u32>,
     tags: Vec<String>,
@@ -624,6 +625,19 @@ pub async fn derived_custom_resources(s: &TestServer) {
         .await
         .expect("create");
     assert_eq!(created.spec.title, "Guide");
+    // The derived CEL rule runs on the server.
+    let mut untitled = d.clone();
+    untitled.metadata.name = Some("untitled".into());
+    untitled.spec.title = String::new();
+    let err = docs
+        .create(&PostParams::default(), &untitled)
+        .await
+        .expect_err("an untitled document");
+    assert!(
+        err.to_string()
+            .contains("spec.title: Invalid value: \"string\": a document needs a title"),
+        "{err}"
+    );
     let ev = tokio::time::timeout(Duration::from_secs(10), watch.try_next())
         .await
         .expect("a watch event")

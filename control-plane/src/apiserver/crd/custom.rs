@@ -12,8 +12,7 @@ use std::sync::{Arc, RwLock};
 use schemars::SchemaGenerator;
 use serde_json::{json, Value};
 
-use super::jsonpath;
-use super::structural;
+use super::{cel, jsonpath, structural};
 use crate::apiserver::model::Model;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::resources::ResourceDef;
@@ -154,10 +153,16 @@ impl Strategy for CustomKind {
     }
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {
-        match &self.rules().schema {
-            Some(s) => structural::validate(s, obj),
-            None => Vec::new(),
-        }
+        validate(&self.rules(), obj, None)
+    }
+
+    /// Transition rules (`oldSelf`) compare with the stored object.
+    fn validate_update(&self, old: &Value, new: &Value) -> Vec<Cause> {
+        validate(&self.rules(), new, Some(old))
+    }
+
+    fn validate_status_update(&self, old: &Value, new: &Value) -> Vec<Cause> {
+        validate(&self.rules(), new, Some(old))
     }
 
     fn scale_paths(&self) -> Option<ScalePaths> {
@@ -215,6 +220,19 @@ impl Strategy for CustomKind {
         self.default(&mut obj);
         obj
     }
+}
+
+/// The schema's checks, then its CEL rules (upstream runs the rules only
+/// on objects that pass the schema, as they are typed by it).
+fn validate(rules: &Rules, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
+    let Some(s) = &rules.schema else {
+        return Vec::new();
+    };
+    let causes = structural::validate(s, obj);
+    if !causes.is_empty() {
+        return causes;
+    }
+    cel::validate(s, obj, old)
 }
 
 /// One printer column's cell, as upstream's CRD table convertor: the

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::{jsonpath, structural, CLEANUP_FINALIZER};
+use super::{cel, jsonpath, structural, CLEANUP_FINALIZER};
 use crate::apiserver::handlers::DeleteOptions;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::status::Cause;
@@ -180,10 +180,16 @@ fn versions(spec: &Value, c: &mut Vec<Cause>) {
             .filter(|o| !o.is_empty())
         {
             None => c.push(Cause::required_because(schema_path, "schemas are required")),
-            Some(_) => c.extend(structural::check(
-                &v["schema"]["openAPIV3Schema"],
-                &schema_path,
-            )),
+            Some(_) => {
+                let schema = &v["schema"]["openAPIV3Schema"];
+                let structural = structural::check(schema, &schema_path);
+                // Rules are typed by the schema: only a structural one
+                // can type them.
+                if structural.is_empty() {
+                    c.extend(cel::check(schema, &schema_path));
+                }
+                c.extend(structural);
+            }
         }
         subresources(&v["subresources"], &format!("{path}.subresources"), c);
         printer_columns(

@@ -114,7 +114,7 @@ mod tests {
         PodDisruptionBudget
             .validate(&json!({"spec": spec}))
             .into_iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
+            .map(|c| c.line())
             .collect()
     }
 

@@ -168,6 +168,13 @@ pub trait Strategy: Send + Sync {
         self.validate(new)
     }
 
+    /// Validation of a write through a subresource (status, scale): by
+    /// default the new object's; custom kinds' transition rules compare
+    /// with `old` there too.
+    fn validate_status_update(&self, _old: &Value, new: &Value) -> Vec<Cause> {
+        self.validate(new)
+    }
+
     /// What this kind's writes must be allowed beyond RBAC on their verb,
     /// asked of the requester after validation and admission (`old` None
     /// on a create): who may grant which permissions (RBAC escalation),

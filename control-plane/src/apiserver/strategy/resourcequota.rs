@@ -285,7 +285,7 @@ mod tests {
         ResourceQuota
             .validate(&json!({"spec": spec}))
             .into_iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
+            .map(|c| c.line())
             .collect()
     }
 

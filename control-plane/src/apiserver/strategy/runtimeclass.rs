@@ -130,9 +130,7 @@ mod tests {
     }
 
     fn causes(c: Vec<Cause>) -> Vec<String> {
-        c.iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect()
+        c.iter().map(|c| c.line()).collect()
     }
 
     #[test]

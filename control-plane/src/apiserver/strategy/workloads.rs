@@ -309,7 +309,7 @@ mod tests {
         DaemonSet
             .validate(&obj)
             .into_iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
+            .map(|c| c.line())
             .collect()
     }
 

@@ -39,7 +39,7 @@ pub(crate) fn type_name(v: &Value) -> &'static str {
 }
 
 /// `spec.items[0]`-style paths.
-fn child(path: &str, key: &str) -> String {
+pub(crate) fn child(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
     } else {
@@ -47,22 +47,22 @@ fn child(path: &str, key: &str) -> String {
     }
 }
 
-fn index(path: &str, i: usize) -> String {
+pub(crate) fn index(path: &str, i: usize) -> String {
     format!("{path}[{i}]")
 }
 
 /// The schema's properties, if any.
-fn properties(schema: &Value) -> Option<&serde_json::Map<String, Value>> {
+pub(crate) fn properties(schema: &Value) -> Option<&serde_json::Map<String, Value>> {
     schema.get("properties").and_then(Value::as_object)
 }
 
-fn flag(schema: &Value, key: &str) -> bool {
+pub(crate) fn flag(schema: &Value, key: &str) -> bool {
     schema.get(key).and_then(Value::as_bool) == Some(true)
 }
 
 /// The schema of an object's other keys: `additionalProperties` as a
 /// schema (`true` is the empty schema).
-fn additional(schema: &Value) -> Option<&Value> {
+pub(crate) fn additional(schema: &Value) -> Option<&Value> {
     match schema.get("additionalProperties") {
         Some(v @ Value::Object(_)) => Some(v),
         _ => None,
@@ -71,6 +71,6 @@ fn additional(schema: &Value) -> Option<&Value> {
 
 /// Whether a node is an embedded object (`apiVersion`, `kind` and
 /// `metadata` kept and checked inside it).
-fn embedded(schema: &Value) -> bool {
+pub(crate) fn embedded(schema: &Value) -> bool {
     flag(schema, "x-kubernetes-embedded-resource")
 }

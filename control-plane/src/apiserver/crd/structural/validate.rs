@@ -465,7 +465,7 @@ mod tests {
     fn messages(schema: Value, obj: Value) -> Vec<String> {
         validate(&schema, &obj)
             .into_iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
+            .map(|c| c.line())
             .collect()
     }
 

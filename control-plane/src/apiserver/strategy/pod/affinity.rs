@@ -60,9 +60,7 @@ mod tests {
         let spec = json!({"affinity": affinity});
         let mut c = Vec::new();
         validate("spec", Some(&spec), &mut c);
-        c.iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect()
+        c.iter().map(|c| c.line()).collect()
     }
 
     #[test]

@@ -196,9 +196,7 @@ mod tests {
     }
 
     fn messages(c: &[Cause]) -> Vec<String> {
-        c.iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect()
+        c.iter().map(|c| c.line()).collect()
     }
 
     fn good() -> Value {

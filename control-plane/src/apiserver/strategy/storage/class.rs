@@ -186,7 +186,7 @@ mod tests {
         let msgs: Vec<String> = StorageClass
             .validate_update(&old, &new)
             .iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
+            .map(|c| c.line())
             .collect();
         assert_eq!(
             msgs,

@@ -339,9 +339,7 @@ mod tests {
     }
 
     fn messages(c: &[Cause]) -> Vec<String> {
-        c.iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect()
+        c.iter().map(|c| c.line()).collect()
     }
 
     fn local_pv() -> Value {
