@@ -77,6 +77,13 @@ pub struct Settings {
     pub cluster_signing_duration: Option<String>,
     /// How often the store's history is compacted (`5m`; `0` never).
     pub etcd_compaction_interval: Option<String>,
+    /// Snapshots on a schedule (k3s's flags): a cron schedule (five
+    /// fields, or six with seconds first), how many scheduled snapshots
+    /// are kept, where, and a switch to take none.
+    pub etcd_snapshot_schedule_cron: Option<String>,
+    pub etcd_snapshot_retention: Option<usize>,
+    pub etcd_snapshot_dir: Option<PathBuf>,
+    pub etcd_disable_snapshots: Option<bool>,
     /// How long events are kept (`1h`; `0` forever).
     pub event_ttl: Option<String>,
     /// Non-mutating requests served at once; more get 429 (`0` no limit).
@@ -171,6 +178,14 @@ impl Settings {
             etcd_compaction_interval: self
                 .etcd_compaction_interval
                 .or(other.etcd_compaction_interval),
+            etcd_snapshot_schedule_cron: self
+                .etcd_snapshot_schedule_cron
+                .or(other.etcd_snapshot_schedule_cron),
+            etcd_snapshot_retention: self
+                .etcd_snapshot_retention
+                .or(other.etcd_snapshot_retention),
+            etcd_snapshot_dir: self.etcd_snapshot_dir.or(other.etcd_snapshot_dir),
+            etcd_disable_snapshots: self.etcd_disable_snapshots.or(other.etcd_disable_snapshots),
             event_ttl: self.event_ttl.or(other.event_ttl),
             max_requests_inflight: self.max_requests_inflight.or(other.max_requests_inflight),
             max_mutating_requests_inflight: self
@@ -251,6 +266,12 @@ pub struct Config {
     /// Compact the store's history older than this, this often
     /// (kube-apiserver's `--etcd-compaction-interval`); `None`: never.
     pub compaction_interval: Option<Duration>,
+    /// When scheduled snapshots are taken; `None`: never.
+    pub snapshot_schedule: Option<crate::store::snapshots::Schedule>,
+    /// Scheduled snapshots kept (the newest).
+    pub snapshot_retention: usize,
+    /// Where snapshots go (`DATA_DIR/snapshots` unless set).
+    pub snapshot_dir: PathBuf,
     /// Events are deleted this long after their last write
     /// (kube-apiserver's `--event-ttl`); `None`: kept until deleted.
     pub event_ttl: Option<Duration>,
@@ -354,6 +375,22 @@ impl Config {
                 .transpose()?
                 .filter(|d| !d.is_zero()),
         };
+        let snapshot_schedule = if s.etcd_disable_snapshots.unwrap_or(false) {
+            None
+        } else {
+            // k3s's default: twice a day.
+            let spec = s
+                .etcd_snapshot_schedule_cron
+                .clone()
+                .unwrap_or_else(|| "0 */12 * * *".into());
+            Some(
+                crate::store::snapshots::Schedule::parse(&spec).map_err(|why| Error::Invalid {
+                    field: "etcd-snapshot-schedule-cron",
+                    value: spec.clone(),
+                    why,
+                })?,
+            )
+        };
         let oidc = crate::auth::authconfig::Options {
             issuer_url: s.oidc_issuer_url.clone(),
             client_id: s.oidc_client_id.clone(),
@@ -390,6 +427,12 @@ impl Config {
                 5 * 60,
             )?)
             .filter(|d| !d.is_zero()),
+            snapshot_schedule,
+            snapshot_retention: s.etcd_snapshot_retention.unwrap_or(5),
+            snapshot_dir: s
+                .etcd_snapshot_dir
+                .clone()
+                .unwrap_or_else(|| data_dir.join("snapshots")),
             event_ttl: Some(duration("event-ttl", s.event_ttl, 3600)?).filter(|d| !d.is_zero()),
             // kube-apiserver's defaults for the first three.
             max_requests_inflight: s.max_requests_inflight.unwrap_or(400),
@@ -545,6 +588,36 @@ mod tests {
         std::fs::write(&f, "node-monitor-period: soon\n").unwrap();
         let e = Config::resolve(Settings::default(), Some(&f)).unwrap_err();
         assert!(e.to_string().contains("node-monitor-period"), "{e}");
+    }
+
+    #[test]
+    fn snapshots_default_to_twice_a_day_in_the_data_dir() {
+        let c = Config::resolve(Settings::default(), None).unwrap();
+        assert!(c.snapshot_schedule.is_some());
+        assert_eq!(c.snapshot_retention, 5);
+        assert_eq!(
+            c.snapshot_dir,
+            Path::new(DEFAULT_DATA_DIR).join("snapshots")
+        );
+        let off = Settings {
+            etcd_disable_snapshots: Some(true),
+            etcd_snapshot_schedule_cron: Some("not checked".into()),
+            ..Default::default()
+        };
+        assert!(Config::resolve(off, None)
+            .unwrap()
+            .snapshot_schedule
+            .is_none());
+        let bad = Settings {
+            etcd_snapshot_schedule_cron: Some("every day".into()),
+            ..Default::default()
+        };
+        let e = Config::resolve(bad, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("invalid etcd-snapshot-schedule-cron \"every day\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub struct ServerHandle {
     task: tokio::task::JoinHandle<()>,
     /// The store compactor (when `--etcd-compaction-interval` is not 0).
     compactor: Option<tokio::task::JoinHandle<()>>,
+    /// Scheduled snapshots (unless `--etcd-disable-snapshots`).
+    snapshotter: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ServerHandle {
@@ -86,8 +88,8 @@ impl ServerHandle {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
         self.api.audit.flush().await;
-        if let Some(c) = self.compactor {
-            let _ = c.await;
+        for task in [self.compactor, self.snapshotter].into_iter().flatten() {
+            let _ = task.await;
         }
     }
 }
@@ -145,6 +147,19 @@ fn advertise_ip(cfg: &Config) -> std::net::IpAddr {
             s.local_addr().ok().map(|a| a.ip())
         })
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+}
+
+/// This server's snapshot directory; files carry its host name.
+pub fn snapshots(cfg: &Config) -> store::snapshots::Snapshots {
+    let host = hostname();
+    store::snapshots::Snapshots {
+        dir: cfg.snapshot_dir.clone(),
+        node: if host.is_empty() {
+            "skiff-server".into()
+        } else {
+            host
+        },
+    }
 }
 
 pub(crate) fn hostname() -> String {
@@ -258,6 +273,15 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
             shutdown_rx.clone(),
         ))
     });
+    let snapshotter = cfg.snapshot_schedule.clone().map(|schedule| {
+        tokio::spawn(store::snapshots::run(
+            api.store().clone(),
+            schedule,
+            snapshots(cfg),
+            cfg.snapshot_retention,
+            shutdown_rx.clone(),
+        ))
+    });
 
     tracing::info!(
         url = %url,
@@ -288,6 +312,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         shutdown: shutdown_tx,
         task,
         compactor,
+        snapshotter,
     })
 }
 

@@ -67,6 +67,8 @@ impl TestServer {
             service_cluster_ip_range: Some("198.19.0.0/16".into()),
             cluster_cidr: Some("198.18.0.0/16".into()),
             token_auth_file: Some(tokens),
+            // Tests that want them ask.
+            etcd_disable_snapshots: Some(true),
             ..Default::default()
         });
         let cfg = Config::resolve(flags, None).expect("config");

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use skiff_control_plane::config::{Config, Settings};
+use skiff_control_plane::store::snapshots;
 use skiff_control_plane::{components, install, pki, server, store, tokens};
 use skiff_daemon::install::SystemctlCommand;
 
@@ -144,6 +145,19 @@ struct ServeArgs {
     /// etcd and SQLite alike; 0 never [default: 5m].
     #[arg(long)]
     etcd_compaction_interval: Option<String>,
+    /// When scheduled snapshots of the datastore are taken: cron, five
+    /// fields or six with seconds first [default: "0 */12 * * *"].
+    #[arg(long)]
+    etcd_snapshot_schedule_cron: Option<String>,
+    /// Scheduled snapshots kept, the newest [default: 5].
+    #[arg(long, global = true)]
+    etcd_snapshot_retention: Option<usize>,
+    /// Where snapshots are written [default: DATA_DIR/snapshots].
+    #[arg(long, global = true)]
+    etcd_snapshot_dir: Option<PathBuf>,
+    /// Take no scheduled snapshots.
+    #[arg(long)]
+    etcd_disable_snapshots: bool,
     /// How long events are kept after their last write; 0 forever [default: 1h].
     #[arg(long)]
     event_ttl: Option<String>,
@@ -256,6 +270,10 @@ impl ServeArgs {
             default_unreachable_toleration_seconds: self.default_unreachable_toleration_seconds,
             cluster_signing_duration: self.cluster_signing_duration.clone(),
             etcd_compaction_interval: self.etcd_compaction_interval.clone(),
+            etcd_snapshot_schedule_cron: self.etcd_snapshot_schedule_cron.clone(),
+            etcd_snapshot_retention: self.etcd_snapshot_retention,
+            etcd_snapshot_dir: self.etcd_snapshot_dir.clone(),
+            etcd_disable_snapshots: self.etcd_disable_snapshots.then_some(true),
             event_ttl: self.event_ttl.clone(),
             max_requests_inflight: self.max_requests_inflight,
             max_mutating_requests_inflight: self.max_mutating_requests_inflight,
@@ -415,11 +433,27 @@ enum SecretsEncryptCmd {
 
 #[derive(Subcommand, Debug)]
 enum SnapshotCmd {
-    /// Write a consistent snapshot of the datastore to FILE.
-    Save { file: PathBuf },
+    /// Write a consistent snapshot of the datastore, verified, to FILE
+    /// [default: NAME-HOST-SECONDS in --etcd-snapshot-dir].
+    Save {
+        file: Option<PathBuf>,
+        /// The name's prefix when no FILE is given.
+        #[arg(long, default_value = snapshots::ON_DEMAND)]
+        name: String,
+    },
+    /// The snapshots in --etcd-snapshot-dir, oldest first.
+    #[command(alias = "ls")]
+    List,
+    /// Remove this host's snapshots named NAME-HOST-* beyond the newest
+    /// --etcd-snapshot-retention.
+    Prune {
+        #[arg(long, default_value = snapshots::ON_DEMAND)]
+        name: String,
+    },
     /// Print revision, key count, size and hash of FILE.
     Status { file: PathBuf },
-    /// Restore FILE into --data-dir (which must not hold state yet).
+    /// Restore FILE (a path, or a name in --etcd-snapshot-dir) into
+    /// --data-dir (which must not hold state yet).
     Restore { file: PathBuf },
 }
 
@@ -490,25 +524,66 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Some(Cmd::Snapshot(SnapshotCmd::Save { file })) => {
-            let st = server::open_store(&cfg)
+        Some(Cmd::Snapshot(cmd)) => snapshot(cmd, &cfg).await,
+    }
+}
+
+async fn snapshot(cmd: SnapshotCmd, cfg: &Config) -> anyhow::Result<()> {
+    let dir = server::snapshots(cfg);
+    match cmd {
+        SnapshotCmd::Save { file, name } => {
+            let st = server::open_store(cfg)
                 .await
                 .context("opening the datastore")?;
-            let info = st
-                .snapshot_save(&file)
-                .await
-                .with_context(|| format!("saving snapshot {}", file.display()))?;
+            let (path, info) = match file {
+                Some(f) => {
+                    let info = st
+                        .snapshot_save(&f)
+                        .await
+                        .with_context(|| format!("saving snapshot {}", f.display()))?;
+                    (f, info)
+                }
+                None => dir
+                    .save(st.as_ref(), &name)
+                    .await
+                    .with_context(|| format!("saving a snapshot in {}", dir.dir.display()))?,
+            };
             println!(
                 "saved {} (revision {}, {} keys, {} bytes, hash {})",
-                file.display(),
+                path.display(),
                 info.revision,
                 info.keys,
                 info.size,
                 info.hash
             );
-            Ok(())
         }
-        Some(Cmd::Snapshot(SnapshotCmd::Status { file })) => {
+        SnapshotCmd::List => {
+            let entries = dir
+                .list()
+                .with_context(|| format!("listing {}", dir.dir.display()))?;
+            println!("{:<48} {:>12} {:<20}", "NAME", "SIZE", "CREATED");
+            for e in entries {
+                let created = jiff::Timestamp::from_second(i64::try_from(e.taken)?).map_or_else(
+                    |_| e.taken.to_string(),
+                    |t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                );
+                println!("{:<48} {:>12} {:<20}", e.name, e.size, created);
+            }
+        }
+        SnapshotCmd::Prune { name } => {
+            let removed = dir
+                .prune(&name, cfg.snapshot_retention)
+                .with_context(|| format!("pruning {}", dir.dir.display()))?;
+            for p in &removed {
+                println!("removed {}", p.display());
+            }
+            println!(
+                "kept the newest {} {name} snapshots of {}",
+                cfg.snapshot_retention, dir.node
+            );
+        }
+        SnapshotCmd::Status { file } => {
+            let file = named(&dir, file);
             let info = store::snapshot::snapshot_status(&file)
                 .await
                 .with_context(|| format!("reading snapshot {}", file.display()))?;
@@ -516,9 +591,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "revision: {}\nkeys: {}\nsize: {}\nhash: {}",
                 info.revision, info.keys, info.size, info.hash
             );
-            Ok(())
         }
-        Some(Cmd::Snapshot(SnapshotCmd::Restore { file })) => {
+        SnapshotCmd::Restore { file } => {
+            let file = named(&dir, file);
             store::snapshot::snapshot_restore(&file, &cfg.data_dir).with_context(|| {
                 format!(
                     "restoring {} into {}",
@@ -531,8 +606,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 file.display(),
                 cfg.data_dir.display()
             );
-            Ok(())
         }
+    }
+    Ok(())
+}
+
+/// `file` as given, or the snapshot of that name in the snapshot
+/// directory when only that exists (as `snapshot list` names them).
+fn named(dir: &snapshots::Snapshots, file: PathBuf) -> PathBuf {
+    let listed = dir.dir.join(&file);
+    if !file.exists() && file.components().count() == 1 && listed.is_file() {
+        listed
+    } else {
+        file
     }
 }
 

@@ -40,6 +40,7 @@ pub mod encryption;
 pub mod etcd;
 mod leases;
 pub mod snapshot;
+pub mod snapshots;
 pub mod sqlite;
 
 pub use etcd::EtcdStore;
