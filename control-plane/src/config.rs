@@ -63,6 +63,8 @@ pub struct Settings {
     pub disable_controller_manager: Option<bool>,
     /// Run the scheduler and controllers only while holding their Leases.
     pub leader_elect: Option<bool>,
+    /// Watches served from one store watch per resource type.
+    pub watch_cache: Option<bool>,
     /// Controllers to run: `*`, names, `-name` (kube-controller-manager's).
     pub controllers: Option<Vec<String>>,
     pub node_cidr_mask_size: Option<u8>,
@@ -160,6 +162,7 @@ impl Settings {
                 .disable_controller_manager
                 .or(other.disable_controller_manager),
             leader_elect: self.leader_elect.or(other.leader_elect),
+            watch_cache: self.watch_cache.or(other.watch_cache),
             controllers: self.controllers.or(other.controllers),
             node_cidr_mask_size: self.node_cidr_mask_size.or(other.node_cidr_mask_size),
             node_monitor_period: self.node_monitor_period.or(other.node_monitor_period),
@@ -256,6 +259,8 @@ pub struct Config {
     pub disable_controller_manager: bool,
     /// The scheduler and controllers elect a leader through Leases.
     pub leader_elect: bool,
+    /// Client watches share one store watch per resource type.
+    pub watch_cache: bool,
     pub controllers: Vec<String>,
     pub node_cidr_mask_size: u8,
     pub node_monitor_period: Duration,
@@ -447,6 +452,7 @@ impl Config {
             },
             disable_controller_manager: s.disable_controller_manager.unwrap_or(false),
             leader_elect: s.leader_elect.unwrap_or(true),
+            watch_cache: s.watch_cache.unwrap_or(true),
             controllers: s.controllers.unwrap_or_else(|| vec!["*".into()]),
             default_not_ready_toleration_seconds: s
                 .default_not_ready_toleration_seconds

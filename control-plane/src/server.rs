@@ -232,8 +232,16 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         Some(p) => Authenticator::from_token_file(p)?,
         None => Authenticator::default(),
     };
-    let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store, metrics.clone()));
+    let store: Arc<dyn Store> = if cfg.watch_cache {
+        Arc::new(store::watchcache::WatchCache::new(
+            store,
+            shutdown_rx.clone(),
+        ))
+    } else {
+        store
+    };
     let api = ApiServer::new(
         store,
         ApiConfig {

@@ -185,3 +185,52 @@ async fn metadata_lists_and_watches() {
         .unwrap();
     assert_eq!(got.metadata.name.as_deref(), Some("m1"));
 }
+
+/// Store watches the server has opened, from its own metrics.
+fn store_watches(s: &TestServer) -> u64 {
+    let text = s.handle().api.metrics().render();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "skiff_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"watch\"} ",
+            )
+        })
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// With the watch cache (the default) twenty watches of ConfigMaps open
+/// at most one store watch between them (none when the server's own
+/// controllers already watch ConfigMaps); without it, one each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watches_of_one_type_share_one_store_watch() {
+    for cache in [true, false] {
+        let s = TestServer::start_with_settings(
+            None,
+            skiff_control_plane::config::Settings {
+                watch_cache: Some(cache),
+                ..Default::default()
+            },
+        )
+        .await;
+        let api: Api<ConfigMap> = Api::namespaced(s.client().await, "default");
+        let before = store_watches(&s);
+        let mut streams = Vec::new();
+        for _ in 0..20 {
+            let wp = WatchParams::default().labels("w=y");
+            streams.push(api.watch(&wp, "0").await.unwrap().boxed());
+        }
+        api.create(&PostParams::default(), &cm("shared"))
+            .await
+            .unwrap();
+        for st in &mut streams {
+            let mut rv = String::new();
+            assert_eq!(collect_added(st, 1, &mut rv).await, ["shared"]);
+        }
+        let opened = store_watches(&s) - before;
+        if cache {
+            assert!(opened <= 1, "{opened} store watches for 20 client watches");
+        } else {
+            assert!(opened >= 20, "{opened} store watches for 20 client watches");
+        }
+    }
+}

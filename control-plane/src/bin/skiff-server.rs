@@ -118,6 +118,12 @@ struct ServeArgs {
     /// server that is sure to be alone [default: true].
     #[arg(long)]
     leader_elect: Option<bool>,
+    /// Serve watches from one store watch per resource type and an
+    /// in-memory window of recent events (kube-apiserver's flag);
+    /// `--watch-cache=false` opens a store watch per client watch
+    /// [default: true].
+    #[arg(long)]
+    watch_cache: Option<bool>,
     /// Controllers to run: '*' for all, a name to enable, '-name' to
     /// disable (deployment, replicaset, daemonset, job, nodelifecycle,
     /// garbagecollector, namespace, endpointslice, nodeipam).
@@ -262,6 +268,7 @@ impl ServeArgs {
             scheduler_config: self.scheduler_config.clone(),
             disable_controller_manager: self.disable_controller_manager.then_some(true),
             leader_elect: self.leader_elect,
+            watch_cache: self.watch_cache,
             controllers: self.controllers.clone(),
             node_cidr_mask_size: self.node_cidr_mask_size,
             node_monitor_period: self.node_monitor_period.clone(),

@@ -42,6 +42,7 @@ mod leases;
 pub mod snapshot;
 pub mod snapshots;
 pub mod sqlite;
+pub mod watchcache;
 
 pub use etcd::EtcdStore;
 pub use snapshot::{snapshot_restore, snapshot_status};
