@@ -14,10 +14,12 @@
 #[path = "bench_apiserver/cpu.rs"]
 #[allow(dead_code)]
 mod cpu;
+#[path = "bench_apiserver/process.rs"]
+mod process;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +29,7 @@ use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use process::{free_port, ServerProc};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -40,23 +43,7 @@ struct Args {
     server_bin: Option<PathBuf>,
 }
 
-/// Kills the process on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn start_etcd(dir: &Path, client: u16, peer: u16) -> anyhow::Result<Proc> {
+fn start_etcd(dir: &Path, client: u16, peer: u16) -> anyhow::Result<ServerProc> {
     let log = std::fs::File::create(dir.join("etcd.log"))?;
     let c = format!("http://127.0.0.1:{client}");
     let p = format!("http://127.0.0.1:{peer}");
@@ -76,7 +63,7 @@ fn start_etcd(dir: &Path, client: u16, peer: u16) -> anyhow::Result<Proc> {
         .stderr(log)
         .spawn()
         .context("starting /usr/bin/etcd (Debian package etcd-server)")?;
-    Ok(Proc(child))
+    Ok(ServerProc(child))
 }
 
 /// One sample of etcd's own `/metrics`.
@@ -97,7 +84,7 @@ fn start_server(
     port: u16,
     etcd: u16,
     cache: bool,
-) -> anyhow::Result<Proc> {
+) -> anyhow::Result<ServerProc> {
     let child = Command::new(bin)
         .arg("--data-dir")
         .arg(data)
@@ -116,7 +103,7 @@ fn start_server(
         .stderr(Stdio::inherit())
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
-    Ok(Proc(child))
+    Ok(ServerProc(child))
 }
 
 async fn client(data: &Path) -> anyhow::Result<kube::Client> {
@@ -136,18 +123,6 @@ async fn client(data: &Path) -> anyhow::Result<kube::Client> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Resident set (VmRSS) of `pid`, KiB.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 struct Run {
@@ -242,7 +217,7 @@ async fn run(args: &Args, bin: &Path, root: &Path, etcd: u16, cache: bool) -> an
     let pid = server.0.id();
     let out = Run {
         etcd_watchers: after - before,
-        rss_mib: rss_kib(pid) as f64 / 1024.0,
+        rss_mib: cpu::rss_kib(pid) as f64 / 1024.0,
         peak_rss_mib: cpu::peak_rss_kib(pid) as f64 / 1024.0,
         delivery,
     };

@@ -31,11 +31,12 @@
 mod cpu;
 mod https;
 mod load;
+mod process;
 mod stages;
 mod tokens;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +51,7 @@ use skiff_control_plane::store::bench::{bench_raw_writes, percentile};
 use skiff_control_plane::store::{SqliteStore, Store, SQLITE_FILE};
 
 use load::{ClientKind, Load};
+use process::{free_port, ServerProc};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -87,22 +89,6 @@ struct Args {
     /// by a client certificate (--gets of each, default 10,000).
     #[arg(long)]
     tokens: bool,
-}
-
-/// Kills the server on drop.
-struct ServerProc(Child);
-
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 fn ms(d: Duration) -> f64 {
