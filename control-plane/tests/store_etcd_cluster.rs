@@ -94,3 +94,92 @@ async fn three_members_lose_the_leader_while_writing() {
         .unwrap();
     assert!(listed.kvs.len() >= acked.len());
 }
+
+fn skiff_server(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_skiff-server"))
+        .args(args)
+        .output()
+        .expect("run skiff-server")
+}
+
+/// `skiff-server etcd status` shows every member with one leader;
+/// `etcd remove` shrinks the cluster, refusing names it does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_status_lists_members_and_remove_shrinks_the_cluster() {
+    let cluster = EtcdCluster::start_n(3);
+    let lead = leader(&cluster).await;
+    let endpoints = cluster.endpoints().join(",");
+    let status = |endpoints: &str| {
+        let out = skiff_server(&["--datastore-endpoint", endpoints, "etcd", "status"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = status(&endpoints);
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(
+        rows[0].starts_with("NAME") && rows[0].contains("RAFT INDEX"),
+        "{table}"
+    );
+    assert_eq!(rows.len(), 4, "{table}");
+    let leaders: Vec<&str> = rows[1..]
+        .iter()
+        .filter(|r| r.split_whitespace().nth(3) == Some("true"))
+        .copied()
+        .collect();
+    assert_eq!(leaders.len(), 1, "{table}");
+    assert!(
+        leaders[0].starts_with(&cluster.members[lead].name),
+        "{table}"
+    );
+
+    let out = skiff_server(&["--datastore-endpoint", &endpoints, "etcd", "remove", "m9"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no etcd member named \"m9\" (members: m0, m1, m2)"),
+        "{err}"
+    );
+
+    let gone = (lead + 1) % 3;
+    let name = &cluster.members[gone].name;
+    // etcd refuses to reconfigure a cluster whose members have not all
+    // been connected for a few seconds ("unhealthy cluster"): a fresh
+    // cluster is asked again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = skiff_server(&["--datastore-endpoint", &endpoints, "etcd", "remove", name]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            err.contains("unhealthy cluster") && Instant::now() < deadline,
+            "{err}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let left: Vec<String> = cluster
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != gone)
+        .map(|(_, m)| m.client_url.clone())
+        .collect();
+    let table = status(&left.join(","));
+    assert_eq!(table.lines().count(), 3, "{table}");
+    assert!(!table.contains(&format!("{name} ")), "{table}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = skiff_server(&[
+        "--data-dir",
+        &dir.path().display().to_string(),
+        "etcd",
+        "status",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("there is no etcd cluster"));
+}

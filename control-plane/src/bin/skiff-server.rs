@@ -326,6 +326,9 @@ enum Cmd {
     /// Datastore snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// The etcd cluster of --datastore-endpoint.
+    #[command(subcommand)]
+    Etcd(EtcdCmd),
     /// Join tokens for `skiff-agent join` (bootstrap token Secrets).
     #[command(subcommand)]
     Token(TokenCmd),
@@ -439,6 +442,14 @@ enum SecretsEncryptCmd {
 }
 
 #[derive(Subcommand, Debug)]
+enum EtcdCmd {
+    /// Every member: leader, raft term and index, database size, version.
+    Status,
+    /// Remove the member NAME from the cluster (stop its server first).
+    Remove { name: String },
+}
+
+#[derive(Subcommand, Debug)]
 enum SnapshotCmd {
     /// Write a consistent snapshot of the datastore, verified, to FILE
     /// [default: NAME-HOST-SECONDS in --etcd-snapshot-dir].
@@ -532,7 +543,60 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Some(Cmd::Snapshot(cmd)) => snapshot(cmd, &cfg).await,
+        Some(Cmd::Etcd(cmd)) => etcd(cmd, &cfg).await,
     }
+}
+
+async fn etcd(cmd: EtcdCmd, cfg: &Config) -> anyhow::Result<()> {
+    let endpoints = &cfg.datastore_endpoints;
+    if endpoints.is_empty() {
+        anyhow::bail!(
+            "the datastore is SQLite in {}: there is no etcd cluster (pass --datastore-endpoint)",
+            cfg.data_dir.display()
+        );
+    }
+    match cmd {
+        EtcdCmd::Status => {
+            let members = store::etcd_members::status(endpoints).await?;
+            println!(
+                "{:<20} {:<16} {:<28} {:<6} {:>10} {:>12} {:>10} {:<8} ERRORS",
+                "NAME",
+                "ID",
+                "CLIENT URL",
+                "LEADER",
+                "RAFT TERM",
+                "RAFT INDEX",
+                "DB SIZE",
+                "VERSION"
+            );
+            for m in members {
+                let url = m.client_urls.first().map_or("", String::as_str);
+                match &m.status {
+                    Ok(s) => println!(
+                        "{:<20} {:<16x} {:<28} {:<6} {:>10} {:>12} {:>10} {:<8} {}",
+                        m.name,
+                        m.id,
+                        url,
+                        s.leader,
+                        s.raft_term,
+                        s.raft_index,
+                        s.db_size,
+                        s.version,
+                        s.errors.join("; ")
+                    ),
+                    Err(e) => println!(
+                        "{:<20} {:<16x} {:<28} {:<6} {:>10} {:>12} {:>10} {:<8} {e}",
+                        m.name, m.id, url, "-", "-", "-", "-", "-"
+                    ),
+                }
+            }
+        }
+        EtcdCmd::Remove { name } => {
+            let id = store::etcd_members::remove(endpoints, &name).await?;
+            println!("removed etcd member {name} ({id:x})");
+        }
+    }
+    Ok(())
 }
 
 async fn snapshot(cmd: SnapshotCmd, cfg: &Config) -> anyhow::Result<()> {

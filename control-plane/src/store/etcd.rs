@@ -34,7 +34,7 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
-fn etcd_err(context: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> Error {
+pub(super) fn etcd_err(context: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> Error {
     let context = context.into();
     move |e| Error::backend_source(BACKEND, format!("{context}: {e}"), e)
 }

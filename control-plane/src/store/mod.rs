@@ -38,6 +38,7 @@ pub mod bench;
 pub mod compactor;
 pub mod encryption;
 pub mod etcd;
+pub mod etcd_members;
 mod leases;
 pub mod snapshot;
 pub mod snapshots;

@@ -1,0 +1,127 @@
+//! The etcd cluster behind the store, as an operator sees it
+//! (`skiff-server etcd status | remove`): each member's raft state, as
+//! `etcdctl endpoint status --cluster` shows it, and removing a member
+//! so the cluster can shrink.
+
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+
+use super::etcd::etcd_err;
+use super::{Error, Result};
+
+/// One member, as it reports itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub id: u64,
+    pub client_urls: Vec<String>,
+    pub peer_urls: Vec<String>,
+    /// What the member answered, or why it did not.
+    pub status: std::result::Result<Status, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub leader: bool,
+    pub raft_term: u64,
+    pub raft_index: u64,
+    /// Bytes of the member's database file.
+    pub db_size: i64,
+    pub version: String,
+    /// Alarms and errors the member reports (`NOSPACE`, ...).
+    pub errors: Vec<String>,
+}
+
+fn options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(10))
+}
+
+async fn connect(endpoints: &[String]) -> Result<Client> {
+    Client::connect(endpoints, Some(options()))
+        .await
+        .map_err(etcd_err(format!("connect to {}", endpoints.join(","))))
+}
+
+/// Every member of the cluster `endpoints` reach, each asked for its own
+/// status (a member that does not answer is listed with why).
+///
+/// # Errors
+/// No endpoint answers the member list.
+pub async fn status(endpoints: &[String]) -> Result<Vec<Member>> {
+    let mut c = connect(endpoints).await?;
+    let list = c
+        .member_list()
+        .await
+        .map_err(etcd_err("list etcd members"))?;
+    let mut out = Vec::new();
+    for m in list.members() {
+        let status = match m.client_urls() {
+            [] => Err("not started yet (no client URL)".to_string()),
+            urls => member_status(urls).await.map_err(|e| e.to_string()),
+        };
+        out.push(Member {
+            name: m.name().to_string(),
+            id: m.id(),
+            client_urls: m.client_urls().to_vec(),
+            peer_urls: m.peer_urls().to_vec(),
+            status,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+async fn member_status(urls: &[String]) -> Result<Status> {
+    let mut c = connect(urls).await?;
+    let s = c
+        .status()
+        .await
+        .map_err(etcd_err(format!("status of {}", urls.join(","))))?;
+    let me = s.header().map(|h| h.member_id());
+    Ok(Status {
+        leader: s.leader() != 0 && me == Some(s.leader()),
+        raft_term: s.raft_term(),
+        raft_index: s.raft_index(),
+        db_size: s.db_size(),
+        version: s.version().to_string(),
+        errors: s.errors().to_vec(),
+    })
+}
+
+/// Remove the member called `name` from the cluster; returns its id.
+///
+/// # Errors
+/// There is no such member, it is the last one, or etcd refuses.
+pub async fn remove(endpoints: &[String], name: &str) -> Result<u64> {
+    let mut c = connect(endpoints).await?;
+    let list = c
+        .member_list()
+        .await
+        .map_err(etcd_err("list etcd members"))?;
+    let members = list.members();
+    let Some(m) = members.iter().find(|m| m.name() == name) else {
+        let mut names: Vec<&str> = members.iter().map(|m| m.name()).collect();
+        names.sort_unstable();
+        return Err(Error::backend(
+            "etcd",
+            format!(
+                "no etcd member named {name:?} (members: {})",
+                names.join(", ")
+            ),
+        ));
+    };
+    if members.len() == 1 {
+        return Err(Error::backend(
+            "etcd",
+            format!("{name:?} is the cluster's only member: removing it would lose the cluster"),
+        ));
+    }
+    let id = m.id();
+    c.member_remove(id)
+        .await
+        .map_err(etcd_err(format!("remove etcd member {name:?}")))?;
+    Ok(id)
+}
