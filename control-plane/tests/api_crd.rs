@@ -553,12 +553,18 @@ spec:
               minBooks: {type: integer}
               maxBooks: {type: integer}
               material: {type: string, maxLength: 20}
+              scanner:
+                type: string
+                maxLength: 45
+                x-kubernetes-validations:
+                - {rule: "isIP(self)", message: "scanner must be an IP address"}
               labels:
                 type: array
                 maxItems: 10
                 items: {type: string, maxLength: 10}
                 x-kubernetes-validations:
                 - {rule: "self.all(l, l == l.lowerAscii())", message: "labels are lower case"}
+                - {rule: "self.isSorted()", message: "labels are sorted"}
           status:
             type: object
             properties:
@@ -582,6 +588,14 @@ async fn validation_rules_run_with_their_messages_and_limits() {
     established(&s, "shelves.example.com").await;
     let good = "{minBooks: 1, maxBooks: 2, material: oak, labels: [x]}";
     ok(s.kubectl_stdin(&["apply", "-f", "-"], &shelf("shelf-a", good)));
+    // Kubernetes' list and IP functions.
+    ok(s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &shelf(
+            "shelf-ip",
+            "{minBooks: 1, maxBooks: 2, material: oak, scanner: 'fd00::1', labels: [a, b]}",
+        ),
+    ));
 
     let bad = [
         (
@@ -598,6 +612,16 @@ async fn validation_rules_run_with_their_messages_and_limits() {
             "shelf-c",
             "{minBooks: 1, maxBooks: 2, material: oak, labels: [Up]}",
             "spec.labels: Invalid value: \"array\": labels are lower case",
+        ),
+        (
+            "shelf-d",
+            "{minBooks: 1, maxBooks: 2, material: oak, labels: [b, a]}",
+            "spec.labels: Invalid value: \"array\": labels are sorted",
+        ),
+        (
+            "shelf-e",
+            "{minBooks: 1, maxBooks: 2, material: oak, scanner: 10.0.0.01}",
+            "spec.scanner: Invalid value: \"string\": scanner must be an IP address",
         ),
     ];
     for (name, spec, want) in bad {
@@ -668,8 +692,8 @@ async fn validation_rules_run_with_their_messages_and_limits() {
             "x-kubernetes-validations[0].rule: Invalid value: \"self.minBooks <=\": compilation failed: ERROR: <input>:1:",
         ),
         (
-            "self.labels.isSorted()",
-            "compilation failed: ERROR: <input>:1:21: undeclared reference to 'isSorted' (in container '')",
+            "url(self.material).getHost() != ''",
+            "compilation failed: ERROR: <input>:1:4: undeclared reference to 'url' (in container '')",
         ),
     ];
     for (rule, want) in cases {

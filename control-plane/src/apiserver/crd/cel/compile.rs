@@ -15,10 +15,12 @@ use super::{rules, RULE_LIMIT, SCHEMA_LIMIT};
 use crate::apiserver::crd::structural::{additional, child, properties};
 use crate::apiserver::status::Cause;
 
-/// CEL's standard library and the strings extension.
+/// CEL's standard library, the strings extension and part of
+/// Kubernetes' libraries.
 static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     cel::extensions::strings(&mut env).expect("the strings extension declares once");
+    super::library::register(&mut env).expect("the Kubernetes functions declare once");
     Arc::new(env)
 });
 
@@ -429,8 +431,8 @@ mod tests {
             ["s.properties[spec].x-kubernetes-validations[0].rule: Invalid value: \"self.replica > 0\": compilation failed: ERROR: <input>:1:5: undefined field 'replica'"]
         );
         assert_eq!(
-            messages(with_rule(json!({"rule": "self.items.isSorted()"}))),
-            ["s.properties[spec].x-kubernetes-validations[0].rule: Invalid value: \"self.items.isSorted()\": compilation failed: ERROR: <input>:1:20: undeclared reference to 'isSorted' (in container '')"]
+            messages(with_rule(json!({"rule": "isURL(self.name)"}))),
+            ["s.properties[spec].x-kubernetes-validations[0].rule: Invalid value: \"isURL(self.name)\": compilation failed: ERROR: <input>:1:6: undeclared reference to 'isURL' (in container '')"]
         );
         assert_eq!(
             messages(with_rule(json!({"rule": "other > 1"}))),

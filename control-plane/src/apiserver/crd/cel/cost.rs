@@ -279,6 +279,14 @@ const FUNCTIONS: &[&str] = &[
     "getSeconds",
     "charAt",
     "indexOf",
+    "isSorted",
+    "sum",
+    "min",
+    "max",
+    "find",
+    "findAll",
+    "isIP",
+    "isCIDR",
     "lastIndexOf",
     "join",
     "lowerAscii",
@@ -616,6 +624,33 @@ impl<'s> Estimator<'s, '_> {
             }
             "contains" | "startsWith" | "endsWith" | "indexOf" | "lastIndexOf" => {
                 (traverse(s.bytes + other(1).bytes), SCALAR, None)
+            }
+            // Kubernetes' list functions walk the list once, comparing
+            // elements; min and max give one, as long as the whole list
+            // at most.
+            "isSorted" | "sum" | "min" | "max" => {
+                let size = match name {
+                    "min" | "max" => Size {
+                        len: s.bytes,
+                        bytes: s.bytes,
+                    },
+                    _ => SCALAR,
+                };
+                (1.0 + s.len + traverse(s.bytes), size, None)
+            }
+            "isIP" | "isCIDR" => (traverse(s.bytes), SCALAR, None),
+            // A regex run, as `matches`; the matches are the string's at
+            // most (and one empty match per position).
+            "find" | "findAll" => {
+                let pattern = other(1);
+                let cost = 1.0
+                    + (TRAVERSAL * s.bytes).ceil().max(1.0)
+                        * (REGEX * pattern.bytes).ceil().max(1.0);
+                let size = Size {
+                    len: s.bytes + 1.0,
+                    bytes: s.bytes,
+                };
+                (cost, size, None)
             }
             "matches" => {
                 let pattern = other(1);

@@ -10,13 +10,16 @@
 //! object really has, before it runs, against upstream's per-call limit
 //! and per-request budget: no rule can hang or exhaust the server.
 //!
-//! The environment is CEL's standard library with the strings extension;
-//! Kubernetes' own libraries (lists, regex, URLs, quantities, IPs,
-//! authorizer) are not there, and rules calling them are refused by name.
+//! The environment is CEL's standard library with the strings extension
+//! and, of Kubernetes' own libraries, the list and regex functions and the
+//! `isIP`/`isCIDR` checks ([`library`]); the rest (the `ip`, `cidr`, `url`
+//! and `quantity` types, the authorizer) are not there, and rules calling
+//! them are refused by name.
 
 mod compile;
 mod cost;
 mod eval;
+mod library;
 mod values;
 
 pub use compile::check;
