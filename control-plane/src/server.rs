@@ -79,6 +79,8 @@ pub struct ServerHandle {
     compactor: Option<tokio::task::JoinHandle<()>>,
     /// Scheduled snapshots (unless `--etcd-disable-snapshots`).
     snapshotter: Option<tokio::task::JoinHandle<()>>,
+    /// This server's endpoint lease: removed on shutdown.
+    peers: tokio::task::JoinHandle<()>,
 }
 
 impl ServerHandle {
@@ -88,7 +90,8 @@ impl ServerHandle {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
         self.api.audit.flush().await;
-        for task in [self.compactor, self.snapshotter].into_iter().flatten() {
+        let tasks = [self.compactor, self.snapshotter, Some(self.peers)];
+        for task in tasks.into_iter().flatten() {
             let _ = task.await;
         }
     }
@@ -281,6 +284,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
             shutdown_rx.clone(),
         ))
     });
+    let peers = tokio::spawn(crate::apiserver::peers::run(api.clone()));
     let snapshotter = cfg.snapshot_schedule.clone().map(|schedule| {
         tokio::spawn(store::snapshots::run(
             api.store().clone(),
@@ -321,6 +325,7 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
         task,
         compactor,
         snapshotter,
+        peers,
     })
 }
 

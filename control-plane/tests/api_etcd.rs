@@ -61,3 +61,94 @@ async fn etcd_custom_resources() {
     let (_etcd, s) = server().await;
     api_suite::derived_custom_resources(&s).await;
 }
+
+/// Two servers on one etcd (127.0.0.1 and 127.0.0.2, one port) are both
+/// endpoints of `default/kubernetes`; one that stops leaves at once, one
+/// that dies (a lease nobody renews) when its lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_api_server_is_an_endpoint_of_the_kubernetes_service() {
+    let (etcd, a) = server().await;
+    let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(&etcd.endpoints()).await.unwrap());
+    let mut b = TestServer::start_with_settings(
+        Some(store),
+        skiff_control_plane::config::Settings {
+            bind_address: Some("127.0.0.2".into()),
+            secure_port: Some(a.cfg.secure_port),
+            ..Default::default()
+        },
+    )
+    .await;
+    let endpoints = || {
+        let ep = api::ok(a.kubectl(&[
+            "get",
+            "endpoints",
+            "kubernetes",
+            "-o",
+            "jsonpath={.subsets[*].addresses[*].ip}",
+        ]));
+        let slice = api::ok(a.kubectl(&[
+            "get",
+            "endpointslice",
+            "kubernetes",
+            "-o",
+            "jsonpath={.endpoints[*].addresses[*]}",
+        ]));
+        (ep, slice)
+    };
+    let within = std::time::Duration::from_secs(30);
+    let both = (
+        "127.0.0.1 127.0.0.2".to_string(),
+        "127.0.0.1 127.0.0.2".to_string(),
+    );
+    assert!(
+        api::eventually(within, || {
+            let now = endpoints();
+            let want = both.clone();
+            async move { now == want }
+        })
+        .await,
+        "{:?}",
+        endpoints()
+    );
+
+    b.stop().await;
+    let one = ("127.0.0.1".to_string(), "127.0.0.1".to_string());
+    assert!(
+        api::eventually(within, || {
+            let now = endpoints();
+            let want = one.clone();
+            async move { now == want }
+        })
+        .await,
+        "{:?}",
+        endpoints()
+    );
+
+    // A server that died: its lease is not renewed.
+    a.handle()
+        .api
+        .store()
+        .create_with_ttl(
+            "/registry/masterleases/127.0.0.9",
+            b"{}".to_vec(),
+            Some(std::time::Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        api::eventually(within, || {
+            let now = endpoints().0;
+            async move { now == "127.0.0.1 127.0.0.9" }
+        })
+        .await
+    );
+    assert!(
+        api::eventually(within, || {
+            let now = endpoints().0;
+            async move { now == "127.0.0.1" }
+        })
+        .await,
+        "{:?}",
+        endpoints()
+    );
+}

@@ -14,7 +14,7 @@ use crate::auth::bootstrap;
 
 pub const NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 
-fn system_req(group: &str, plural: &str, ns: Option<&str>) -> Req {
+pub(super) fn system_req(group: &str, plural: &str, ns: Option<&str>) -> Req {
     let def = lookup(group, "v1", plural).expect("bootstrap kinds are served");
     Req::system(def, "create", ns.map(String::from), None)
 }
@@ -102,10 +102,9 @@ fn local_path_class() -> Value {
 }
 
 /// The `kubernetes` service in `default` (first ClusterIP of the range),
-/// whose endpoints point at this server, as upstream's bootstrap controller
-/// keeps them.
+/// whose endpoints point at the live API servers ([`super::peers`]).
 async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
-    let Some((ip, port)) = api.advertise else {
+    let Some((_, port)) = api.advertise else {
         return Ok(());
     };
     let svc = json!({
@@ -122,26 +121,8 @@ async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
     {
         ensure(api, &system_req("", "services", Some("default")), svc).await?;
     }
-    let ep = json!({
-        "apiVersion": "v1", "kind": "Endpoints",
-        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
-        "subsets": [{"addresses": [{"ip": ip.to_string()}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
-    });
-    let req = system_req("", "endpoints", Some("default"));
-    let key = req.def.key(Some("default"), "kubernetes");
-    ensure_fields(api, &req, &key, ep, &["subsets"]).await?;
-    // Service proxies read EndpointSlices: the kube-apiserver writes this
-    // one itself too (no controller owns a service without a selector).
-    let slice = json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"kubernetes.io/service-name": "kubernetes"}},
-        "addressType": if ip.is_ipv4() { "IPv4" } else { "IPv6" },
-        "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
-        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-    });
-    let req = system_req("discovery.k8s.io", "endpointslices", Some("default"));
-    let key = req.def.key(Some("default"), "kubernetes");
-    ensure_fields(api, &req, &key, slice, &["endpoints", "ports"]).await
+    // Its endpoints: every live server's address.
+    super::peers::renew(api).await
 }
 
 /// Create `obj` if it is missing; otherwise set `fields` of the stored
@@ -149,7 +130,7 @@ async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
 /// start: the objects must point at this server again (upstream's
 /// bootstrap controller reconciles them the same way). A concurrent
 /// writer wins; the next start corrects it.
-async fn ensure_fields(
+pub(super) async fn ensure_fields(
     api: &ApiServer,
     r: &Req,
     key: &str,

@@ -43,6 +43,7 @@ pub mod openapi;
 pub mod options;
 pub mod order;
 pub mod patch;
+pub mod peers;
 pub mod podsecurity;
 pub mod priority;
 pub mod protobuf;
