@@ -121,7 +121,14 @@ impl Reloader {
         for url in urls {
             fresh.push(server(&self.path, &base, url)?);
         }
-        write(&self.pool).servers = fresh;
+        // Servers learned meanwhile keep their clients (as new as these).
+        let mut pool = write(&self.pool);
+        for s in &mut pool.servers {
+            if let Some(f) = fresh.iter().find(|f| f.url == s.url) {
+                s.client = f.client.clone();
+            }
+        }
+        drop(pool);
         tracing::info!(kubeconfig = %self.path.display(), "API client credentials reloaded");
         Ok(())
     }

@@ -111,6 +111,13 @@ async fn every_api_server_is_an_endpoint_of_the_kubernetes_service() {
         endpoints()
     );
 
+    // Past the lease's TTL both are still there: renewals renew.
+    tokio::time::sleep(
+        skiff_control_plane::apiserver::peers::TTL + std::time::Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(endpoints(), both);
+
     b.stop().await;
     let one = ("127.0.0.1".to_string(), "127.0.0.1".to_string());
     assert!(

@@ -34,7 +34,11 @@ fn key(ip: IpAddr) -> String {
 /// Write (or renew) this server's key.
 async fn hold(api: &ApiServer, ip: IpAddr) -> ApiResult<()> {
     let key = key(ip);
-    let value = json!({"ip": ip.to_string()}).to_string().into_bytes();
+    // The time makes each renewal a write: the store keeps the expiry of
+    // a key rewritten with the same bytes.
+    let value = json!({"ip": ip.to_string(), "renewed": jiff::Timestamp::now().to_string()})
+        .to_string()
+        .into_bytes();
     match api.store.get(&key).await? {
         Some(kv) => match api
             .store
