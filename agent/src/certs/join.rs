@@ -58,7 +58,8 @@ pub enum Error {
 /// What to join, and where to keep the result.
 #[derive(Debug, Clone)]
 pub struct JoinOptions {
-    /// `https://HOST:PORT` of the API server.
+    /// `https://HOST:PORT` of the API server, or several, comma-separated:
+    /// the first that answers is joined through.
     pub server: String,
     /// The join token (`K10<hash>::<id>.<secret>`).
     pub token: String,
@@ -116,8 +117,7 @@ pub async fn join(o: &JoinOptions) -> Result<Joined, Error> {
     if !valid_node_name(&o.node_name) {
         return Err(Error::NodeName(o.node_name.clone()));
     }
-    let server = discovery::normalize(&o.server)?;
-    let ca = discovery::fetch_pinned_ca(&server, &token, o.timeout).await?;
+    let (server, ca) = first_pinned(&o.server, &token, o.timeout).await?;
     tracing::info!(server = %server, "cluster CA matches the join token");
     let client = bootstrap_client(&server, &ca, &token)?;
     let req = csr::new_node_client(&o.node_name)?;
@@ -135,6 +135,32 @@ pub async fn join(o: &JoinOptions) -> Result<Joined, Error> {
         kubeconfig,
         node_name: o.node_name.clone(),
     })
+}
+
+/// The first of `servers` (comma-separated) that serves the CA the token
+/// pins, and that CA. An unreachable server is passed over; one serving
+/// another CA stops the join (nothing is sent to it, and a wrong token or
+/// a wrong server is for the operator to fix, not to work around).
+async fn first_pinned(
+    servers: &str,
+    token: &JoinToken,
+    timeout: Duration,
+) -> Result<(String, String), Error> {
+    let mut last = None;
+    for s in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let server = discovery::normalize(s)?;
+        match discovery::fetch_pinned_ca(&server, token, timeout).await {
+            Ok(ca) => return Ok((server, ca)),
+            Err(e @ discovery::Error::Mismatch { .. }) => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(server = %server, "{e}");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| discovery::Error::BadServer(servers.to_string()))
+        .into())
 }
 
 /// A client that trusts `ca` and authenticates with the bootstrap token.
@@ -196,6 +222,30 @@ mod tests {
             config_dir: dir.to_owned(),
             timeout: Duration::from_secs(1),
         }
+    }
+
+    /// A list of servers is tried in turn past unreachable ones; a server
+    /// serving another CA stops the join even when a good one follows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn servers_are_tried_in_turn_until_one_serves_the_pinned_ca() {
+        use skiff_control_plane::testkit::TestServer;
+        let ours = TestServer::start().await;
+        let other = TestServer::start().await;
+        let ca = skiff_control_plane::pki::Pki::load_or_create(&ours.cfg.data_dir).unwrap();
+        let hash = skiff_bootstrap::token::ca_hash(ca.ca_pem().as_bytes());
+        let token = JoinToken::parse(&format!("K10{hash}::abcdef.0123456789abcdef")).unwrap();
+        let t = Duration::from_secs(5);
+        let list = format!("https://127.0.0.1:1, {}", ours.url());
+        let (server, served) = first_pinned(&list, &token, t).await.unwrap();
+        assert_eq!(server, ours.url());
+        assert_eq!(served, ca.ca_pem());
+        let list = format!("{},{}", other.url(), ours.url());
+        let e = first_pinned(&list, &token, t).await.unwrap_err();
+        assert!(e.to_string().contains("does not match"), "{e}");
+        let e = first_pinned("https://127.0.0.1:1", &token, t)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("cannot reach the API server"), "{e}");
     }
 
     #[tokio::test]

@@ -79,7 +79,8 @@ pub enum ImagesCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct JoinArgs {
-    /// The API server, https://HOST:PORT.
+    /// The API server, https://HOST:PORT; several, comma-separated, are
+    /// tried in turn (the agent learns the others once joined).
     #[arg(long)]
     pub server: String,
     /// The join token from `skiff-server token create`.
