@@ -29,7 +29,7 @@ use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
-use process::{free_port, ServerProc};
+use process::{free_port, server_bin, ServerProc};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -234,17 +234,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     // A connection per watch, in this process.
     skiff_daemon::limits::raise_fd_limit()?;
-    let bin = match &args.server_bin {
-        Some(b) => b.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .and_then(|p| p.parent())
-            .context("locating the target dir")?
-            .join("skiff-server"),
-    };
-    if !bin.exists() {
-        bail!("{} not found: build it with `cargo build --release -p skiff-control-plane --bin skiff-server` or pass --server-bin", bin.display());
-    }
+    let bin = server_bin(args.server_bin.as_deref())?;
     let root = tempfile::tempdir()?;
     let etcd_port = free_port()?;
     let _etcd = start_etcd(root.path(), etcd_port, free_port()?)?;

@@ -51,7 +51,7 @@ use skiff_control_plane::store::bench::{bench_raw_writes, percentile};
 use skiff_control_plane::store::{SqliteStore, Store, SQLITE_FILE};
 
 use load::{ClientKind, Load};
-use process::{free_port, ServerProc};
+use process::{free_port, server_bin, ServerProc};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -179,17 +179,7 @@ async fn phase(
 }
 
 fn start_server(args: &Args, data: &std::path::Path, port: u16) -> anyhow::Result<ServerProc> {
-    let bin = match &args.server_bin {
-        Some(b) => b.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .and_then(|p| p.parent())
-            .context("locating target dir")?
-            .join("skiff-server"),
-    };
-    if !bin.exists() {
-        bail!("{} not found: build it with `cargo build --release -p skiff-control-plane --bin skiff-server` or pass --server-bin", bin.display());
-    }
+    let bin = server_bin(args.server_bin.as_deref())?;
     let mut cmd = Command::new(&bin);
     cmd.args([
         "--data-dir",

@@ -115,10 +115,6 @@ pub async fn renew(api: &ApiServer) -> ApiResult<()> {
     publish(api, &live(api).await?, port).await
 }
 
-async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
-
 /// Renew every [`RENEW`], and publish again as soon as another server's
 /// key comes or goes; on shutdown, remove this server's key and publish
 /// the others.
@@ -156,7 +152,7 @@ pub async fn run(api: Arc<ApiServer>) {
                     // The watch ended (compaction, store trouble): open it again.
                     _ => break,
                 },
-                _ = stopped(&mut shutdown) => {
+                _ = crate::leader::stopped(&mut shutdown) => {
                     let _ = api.store.delete(&key(ip), None).await;
                     if let Ok(ips) = live(&api).await {
                         let _ = publish(&api, &ips, port).await;

@@ -183,7 +183,7 @@ async fn feed(mut f: Feed) {
                     break;
                 }
             }
-            _ = stopped(&mut f.shutdown) => break,
+            _ = crate::leader::stopped(&mut f.shutdown) => break,
         }
     }
     let mut types = lock(&f.types);
@@ -196,10 +196,6 @@ async fn feed(mut f: Feed) {
 async fn reopen(inner: &Arc<dyn Store>, ty: &str, after: i64) -> Result<WatchStream> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     inner.watch(ty, after).await
-}
-
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
 }
 
 /// One client watch: from the window, or from a store watch of its own.
