@@ -124,6 +124,9 @@ pub struct Metrics {
     store_ops: Histograms<StoreLabels>,
     /// `apiserver_audit_event_total`, `apiserver_audit_error_total`.
     audit: crate::apiserver::audit::Counters,
+    /// `apiserver_admission_webhook_admission_duration_seconds`,
+    /// `apiserver_admission_webhook_rejection_count`.
+    webhooks: crate::apiserver::webhook::Counters,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -179,6 +182,22 @@ impl Default for Metrics {
             "Counter of audit events that failed to be audited properly",
             audit_errors,
         );
+        let webhooks = crate::apiserver::webhook::Counters {
+            duration: Family::new_with_constructor(latency),
+            rejections: Family::default(),
+        };
+        registry.register(
+            "apiserver_admission_webhook_admission_duration_seconds",
+            "Admission webhook latency histogram in seconds, identified by name and broken out for each operation and API resource and type (validate or admit)",
+            webhooks.duration.clone(),
+        );
+        // prometheus-client writes a counter's samples as `NAME_total`,
+        // where upstream's for this one have no suffix.
+        registry.register(
+            "apiserver_admission_webhook_rejection_count",
+            "Admission webhook rejection count, identified by name and broken out for each admission type (validating or admit) and operation",
+            webhooks.rejections.clone(),
+        );
         Metrics {
             registry,
             request_duration,
@@ -186,6 +205,7 @@ impl Default for Metrics {
             watchers,
             store_ops,
             audit,
+            webhooks,
         }
     }
 }
@@ -227,6 +247,11 @@ impl Metrics {
         self.store_ops
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// The admission webhooks' metrics (shared with this registry).
+    pub fn webhooks(&self) -> crate::apiserver::webhook::Counters {
+        self.webhooks.clone()
     }
 
     /// The audit log's counters (shared with this registry).

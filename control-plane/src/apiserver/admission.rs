@@ -38,12 +38,19 @@ use super::status::{ApiError, ApiResult};
 use super::{ApiServer, Req};
 use crate::auth::node;
 
-/// Mutating admission of a new object, after its defaults.
+/// Mutating admission of a new object, after its defaults: the built-in
+/// plugins, then the mutating webhooks ([`super::webhook`]). Returns the
+/// webhooks' warnings.
 ///
 /// # Errors
 /// 403 from ServiceAccount admission ([`super::serviceaccounts`]) or
-/// DefaultStorageClass ([`super::storageadmission`]).
-pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> ApiResult<()> {
+/// DefaultStorageClass ([`super::storageadmission`]); a webhook's denial
+/// or failure.
+pub(crate) async fn mutate_create(
+    api: &ApiServer,
+    r: &Req,
+    obj: &mut Value,
+) -> ApiResult<Vec<String>> {
     if r.is_resource("", "pods") {
         // NamespaceLifecycle runs first upstream: a missing namespace is
         // a 404, not a missing account.
@@ -55,6 +62,33 @@ pub(crate) async fn mutate_create(api: &ApiServer, r: &Req, obj: &mut Value) -> 
         super::runtimeclass::admit_create(api, obj).await?;
     }
     super::storageadmission::mutate_create(api, r, obj).await?;
+    super::webhook::mutate(api, r, None, obj).await
+}
+
+/// Mutating admission of an update (the built-in plugins mutate only
+/// creates): the mutating webhooks. Returns their warnings.
+///
+/// # Errors
+/// A webhook's denial or failure.
+pub(crate) async fn mutate_update(
+    api: &ApiServer,
+    r: &Req,
+    old: &Value,
+    new: &mut Value,
+) -> ApiResult<Vec<String>> {
+    super::webhook::mutate(api, r, Some(old), new).await
+}
+
+/// Admission of a delete: the built-in validating plugins, then the
+/// mutating webhooks (asked, not allowed to patch) and the validating
+/// ones.
+///
+/// # Errors
+/// As [`validate`]; a webhook's denial or failure.
+pub(crate) async fn admit_delete(api: &ApiServer, r: &Req, old: &Value) -> ApiResult<()> {
+    validate(api, r, Some(old), None).await?;
+    super::webhook::mutate_delete(api, r, old).await?;
+    super::webhook::validate(api, r, Some(old), None).await?;
     Ok(())
 }
 
@@ -91,8 +125,9 @@ pub(crate) async fn validate(
 }
 
 /// [`validate`], then the plugins that may also warn (PodSecurity,
-/// [`super::podsecurity`]); returns their warnings, which the verbs send
-/// as `Warning` headers with fieldValidation's.
+/// [`super::podsecurity`], the validating webhooks); returns their
+/// warnings, which the verbs send as `Warning` headers with
+/// fieldValidation's.
 ///
 /// # Errors
 /// As [`validate`]; 403 for a pod its namespace's Pod Security enforce
@@ -104,7 +139,8 @@ pub(crate) async fn validate_warn(
     new: Option<&Value>,
 ) -> ApiResult<Vec<String>> {
     validate(api, r, old, new).await?;
-    let warnings = super::podsecurity::admit(api, r, old, new).await?;
+    let mut warnings = super::podsecurity::admit(api, r, old, new).await?;
+    warnings.extend(super::webhook::validate(api, r, old, new).await?);
     // ResourceQuota last, as upstream: it charges the object, so every
     // other plugin must have let it through first.
     if let Some(new) = new {

@@ -430,7 +430,7 @@ async fn create_value_stored(
     }
     def.strategy.prepare_for_create(r, &mut obj);
     def.strategy.default(&mut obj);
-    admission::mutate_create(api, r, &mut obj).await?;
+    warnings.extend(admission::mutate_create(api, r, &mut obj).await?);
     let causes = validation::validate(def, &obj);
     if !causes.is_empty() {
         return Err(ApiError::invalid(def.kind, def.group, &name, causes));
@@ -545,6 +545,7 @@ pub(crate) async fn write_update_warned(
     let def = r.def;
     let name = r.name().to_string();
     let main = r.sub.is_none();
+    warnings.extend(admission::mutate_update(api, r, old, &mut new).await?);
     if main {
         def.strategy.default(&mut new);
     }
@@ -772,7 +773,7 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
                 return Err(ApiError::conflict(r.def.group, r.def.plural, r.name(), &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", cur.mod_revision)));
             }
         }
-        admission::validate(api, r, Some(&old), None).await?;
+        admission::admit_delete(api, r, &old).await?;
         let mut marked = old.clone();
         let keep = r.def.strategy.mark_deleted(api, &mut marked, opts);
         if is_dry_run(r) {

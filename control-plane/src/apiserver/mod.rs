@@ -26,6 +26,7 @@ pub mod admission;
 pub mod audit;
 pub mod authenticate;
 pub mod bootstrap;
+pub mod cel;
 pub mod convert;
 pub mod crd;
 pub mod defaults;
@@ -62,6 +63,7 @@ pub mod table;
 pub mod tokenreview;
 pub mod validation;
 pub mod watch;
+pub mod webhook;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -138,6 +140,8 @@ pub struct ApiServer {
     pub(crate) pod_security: std::sync::OnceLock<podsecurity::Config>,
     /// The custom kinds served from CustomResourceDefinitions.
     pub(crate) crds: crd::Registry,
+    /// The admission webhooks configured.
+    pub(crate) webhooks: webhook::Webhooks,
 }
 
 /// What namespace lifecycle admission last learnt of a namespace.
@@ -231,7 +235,6 @@ impl ApiServer {
             store,
             authn,
             rbac: Rbac::new(),
-            metrics,
             ips: ipalloc::Allocator::new(cfg.service_cidr),
             advertise: cfg.advertise,
             default_toleration_seconds: cfg.default_toleration_seconds,
@@ -247,6 +250,8 @@ impl ApiServer {
             oidc: Default::default(),
             pod_security: Default::default(),
             crds: Default::default(),
+            webhooks: webhook::Webhooks::new(metrics.webhooks()),
+            metrics,
         })
     }
 
@@ -276,6 +281,7 @@ impl ApiServer {
         bootstrap::run(self).await?;
         self.rbac.relist(self.store.as_ref()).await?;
         tokio::spawn(crd::establish::run(self.clone()));
+        tokio::spawn(webhook::run(self.clone()));
         tokio::spawn(
             self.rbac
                 .clone()

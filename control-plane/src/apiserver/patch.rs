@@ -203,6 +203,22 @@ const FIELDS: &[(&str, &str, &str)] = &[
 /// (upstream's default, "atomic").
 const LISTS: &[(&str, &str, ListRule)] = &[
     (
+        "MutatingWebhookConfiguration",
+        "webhooks",
+        ListRule {
+            key: Some("name"),
+            item: "",
+        },
+    ),
+    (
+        "ValidatingWebhookConfiguration",
+        "webhooks",
+        ListRule {
+            key: Some("name"),
+            item: "",
+        },
+    ),
+    (
         "ObjectMeta",
         "finalizers",
         ListRule {

@@ -4,8 +4,8 @@
 use std::marker::PhantomData;
 
 use k8s_openapi::api::{
-    apps, authentication, authorization, batch, certificates, coordination, core, discovery,
-    events, node, policy, rbac, scheduling, storage,
+    admissionregistration, apps, authentication, authorization, batch, certificates, coordination,
+    core, discovery, events, node, policy, rbac, scheduling, storage,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -308,6 +308,14 @@ pub static RESOURCES: &[ResourceDef] = &[
         .cluster()
         .with_status()
         .rules(&strategy::storage::csi::VolumeAttachment),
+    kind::<admissionregistration::v1::MutatingWebhookConfiguration>()
+        .cluster()
+        .categories(&["api-extensions"])
+        .rules(&strategy::webhookconfig::MUTATING),
+    kind::<admissionregistration::v1::ValidatingWebhookConfiguration>()
+        .cluster()
+        .categories(&["api-extensions"])
+        .rules(&strategy::webhookconfig::VALIDATING),
     kind::<node::v1::RuntimeClass>()
         .cluster()
         .rules(&strategy::runtimeclass::RuntimeClass),

@@ -46,6 +46,15 @@ impl Cause {
             message: format!("Invalid value: {value:?}: {detail}"),
         }
     }
+    /// Invalid, the value shown as JSON (`Invalid value: 31: ...`, as
+    /// upstream prints numbers).
+    pub fn invalid_json(field: impl Into<String>, value: &Value, detail: &str) -> Self {
+        Cause {
+            reason: "FieldValueInvalid",
+            field: field.into(),
+            message: format!("Invalid value: {value}: {detail}"),
+        }
+    }
     pub fn not_supported(field: impl Into<String>, value: &str, allowed: &[&str]) -> Self {
         let allowed: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
         Cause {

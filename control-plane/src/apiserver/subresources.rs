@@ -18,7 +18,7 @@ use super::patch::{self, PatchType};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::strategy::Serve;
-use super::{decode_body, json_response, ApiServer, Req};
+use super::{decode_body, json_response, with_warnings, ApiServer, Req};
 
 pub(crate) async fn dispatch(
     api: &Arc<ApiServer>,
@@ -109,7 +109,7 @@ async fn scale(
     for _ in 0..8 {
         let (cur, old) = get_object(api, r).await?;
         let current = scale_of(r.def, &old);
-        let wanted = match *method {
+        let mut wanted = match *method {
             Method::GET => return Ok(json_response(200, &current)),
             Method::PUT => decode_body(&body, r.content_type())?,
             Method::PATCH => {
@@ -126,10 +126,19 @@ async fn scale(
         };
         let precondition = wanted["metadata"]["resourceVersion"]
             .as_str()
-            .filter(|s| !s.is_empty());
-        if precondition.is_some_and(|rv| rv != cur.mod_revision.to_string()) {
+            .filter(|s| !s.is_empty())
+            .map(String::from);
+        if precondition
+            .as_ref()
+            .is_some_and(|rv| *rv != cur.mod_revision.to_string())
+        {
             return Err(ApiError::stale(r.def.group, r.def.plural, r.name()));
         }
+        let mut warnings =
+            crate::apiserver::webhook::mutate(api, r, Some(&current), &mut wanted).await?;
+        warnings.extend(
+            crate::apiserver::webhook::validate(api, r, Some(&current), Some(&wanted)).await?,
+        );
         let replicas = wanted["spec"]["replicas"]
             .as_i64()
             .ok_or_else(|| ApiError::bad_request("scale: spec.replicas must be an integer"))?;
@@ -146,7 +155,10 @@ async fn scale(
         if let Attempt::Done(v) =
             write_update(api, &main, &cur, &old, new, precondition.is_some()).await?
         {
-            return Ok(json_response(200, &scale_of(r.def, &v)));
+            return Ok(with_warnings(
+                json_response(200, &scale_of(r.def, &v)),
+                &warnings,
+            ));
         }
     }
     Err(ApiError::stale(r.def.group, r.def.plural, r.name()))

@@ -39,6 +39,7 @@ pub mod compactor;
 pub mod encryption;
 pub mod etcd;
 pub mod etcd_members;
+pub mod follow;
 mod leases;
 pub mod snapshot;
 pub mod snapshots;

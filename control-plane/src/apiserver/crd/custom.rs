@@ -12,7 +12,8 @@ use std::sync::{Arc, RwLock};
 use schemars::SchemaGenerator;
 use serde_json::{json, Value};
 
-use super::{cel, jsonpath, structural};
+use super::{jsonpath, structural};
+use crate::apiserver::cel;
 use crate::apiserver::model::Model;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::resources::ResourceDef;

@@ -7,7 +7,8 @@
 
 use serde_json::{json, Value};
 
-use super::{cel, jsonpath, structural, CLEANUP_FINALIZER};
+use super::{jsonpath, structural, CLEANUP_FINALIZER};
+use crate::apiserver::cel;
 use crate::apiserver::handlers::DeleteOptions;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::status::Cause;

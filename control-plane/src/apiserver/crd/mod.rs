@@ -7,11 +7,10 @@
 //! - [`registry`]: what this server serves beyond its built-in kinds.
 //! - [`custom`]: a custom kind's model and strategy (schema, columns, scale).
 //! - [`structural`]: structural schemas: checks, pruning, defaulting, validation.
-//! - [`cel`]: the schemas' `x-kubernetes-validations` rules.
+//! - [`crate::apiserver::cel`] runs the schemas' `x-kubernetes-validations` rules.
 //! - [`jsonpath`]: the printer columns' paths; [`versions`]: version order;
 //!   [`intern`]: the `'static` rows custom kinds are served under.
 
-pub mod cel;
 pub mod custom;
 pub mod definition;
 pub mod establish;

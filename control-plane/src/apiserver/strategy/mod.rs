@@ -19,7 +19,8 @@
 //!   [`componentstatus`] (computed, never stored),
 //!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`],
 //!   [`serviceaccount`] (TokenRequest), [`storage`] (PersistentVolumes,
-//!   claims, StorageClasses, the CSI kinds), and
+//!   claims, StorageClasses, the CSI kinds), [`webhookconfig`] (admission
+//!   webhook configurations), and
 //!   [`printed`] for the kinds whose only rule is how `kubectl get` prints
 //!   them.
 //! - CustomResourceDefinitions and the kinds they define have theirs in
@@ -48,6 +49,7 @@ pub mod service;
 pub mod serviceaccount;
 pub mod statefulset;
 pub mod storage;
+pub mod webhookconfig;
 pub mod workloads;
 
 use std::sync::Arc;

@@ -15,11 +15,11 @@ pub mod rules;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use futures::StreamExt;
 use serde_json::Value;
 
 use super::{Attributes, Identity};
-use crate::store::{self, Event, Store};
+use crate::store::follow::{follow, Change};
+use crate::store::{self, Store};
 use index::Index;
 
 /// Key prefix of every RBAC object.
@@ -78,61 +78,41 @@ impl Rbac {
         }
     }
 
-    /// Load everything, then follow the store until `shutdown` fires;
-    /// re-lists when the watch ends (compaction, store restart).
+    /// Load everything, then follow the store until `shutdown` fires.
     pub async fn sync(
         self: Arc<Self>,
         store: Arc<dyn Store>,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
-        loop {
-            let rev = match self.relist(store.as_ref()).await {
-                Ok(rev) => rev,
-                Err(e) => {
-                    tracing::warn!(error = %e, "rbac: listing roles failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => continue,
-                        _ = shutdown.changed() => return,
-                    }
-                }
-            };
-            let mut stream = match store.watch(PREFIX, rev).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "rbac: watch failed; re-listing");
-                    continue;
-                }
-            };
-            loop {
-                tokio::select! {
-                    ev = stream.next() => match ev {
-                        Some(Ok(Event::Put { kv, .. })) => self.put(&kv.key, &kv.value),
-                        Some(Ok(Event::Delete { prev, .. })) => self.remove(&prev.key),
-                        Some(Err(e)) => {
-                            tracing::info!(error = %e, "rbac: watch ended; re-listing");
-                            break;
-                        }
-                        None => break,
-                    },
-                    _ = shutdown.changed() => return,
-                }
-            }
-        }
+        follow(
+            store.as_ref(),
+            PREFIX,
+            shutdown,
+            "rbac",
+            |change| match change {
+                Change::Reset(kvs) => self.reset(kvs),
+                Change::Put(kv) => self.put(&kv.key, &kv.value),
+                Change::Delete(key) => self.remove(&key),
+            },
+        )
+        .await
     }
 
     /// Replace the copy with a fresh list; returns its revision.
     pub async fn relist(&self, store: &dyn Store) -> store::Result<i64> {
         let list = store.list(PREFIX, None, 0, None).await?;
-        let mut m = HashMap::new();
-        for kv in list.kvs {
-            if let Ok(v) = serde_json::from_slice::<Value>(&kv.value) {
-                m.insert(kv.key, v);
-            }
-        }
+        self.reset(list.kvs);
+        Ok(list.revision)
+    }
+
+    fn reset(&self, kvs: Vec<store::KeyValue>) {
+        let m = kvs
+            .into_iter()
+            .filter_map(|kv| Some((kv.key, serde_json::from_slice::<Value>(&kv.value).ok()?)))
+            .collect();
         let mut st = self.write();
         st.objects = m;
         st.reindex();
-        Ok(list.revision)
     }
 
     /// Whether any binding grants `a` to `id`.

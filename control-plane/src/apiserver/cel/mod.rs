@@ -19,6 +19,7 @@
 mod compile;
 mod cost;
 mod eval;
+pub mod expression;
 mod library;
 mod values;
 

@@ -346,6 +346,21 @@ pub fn estimate(
     e.expr(expr).map(|est| est.cost)
 }
 
+/// The most `expr` can cost over variables of the given sizes, none of
+/// them typed by a schema (admission's `object`, `request`, ...); or why
+/// it cannot run (an undeclared variable or function).
+pub fn estimate_untyped(expr: &Expression, vars: &[(&str, Size)]) -> Result<f64, Problem> {
+    let bounds = Observed::default();
+    let mut e = Estimator {
+        bounds: &bounds,
+        scope: vars
+            .iter()
+            .map(|(name, size)| (name.to_string(), Est::value(*size)))
+            .collect(),
+    };
+    e.expr(expr).map(|est| est.cost)
+}
+
 struct Estimator<'s, 'b> {
     bounds: &'b dyn Bounds,
     /// Variables in scope, innermost last.
@@ -400,7 +415,13 @@ impl<'s> Estimator<'s, '_> {
             Expr::Select(sel) => {
                 let operand = self.expr(&sel.operand)?;
                 let child = self.field(&operand, &sel.field).map_err(problem)?;
-                let mut out = self.typed(child, operand.size);
+                // An untyped field can hold as many items as its
+                // parent has bytes.
+                let fallback = Size {
+                    len: operand.size.bytes,
+                    bytes: operand.size.bytes,
+                };
+                let mut out = self.typed(child, fallback);
                 if sel.test {
                     out.size = SCALAR;
                     out.schema = None;

@@ -1,0 +1,683 @@
+//! Dynamic admission through webhooks (admissionregistration.k8s.io/v1):
+//! the MutatingWebhookConfigurations and ValidatingWebhookConfigurations
+//! in the store, followed into memory, and the calls of the webhooks
+//! whose rules, selectors and match conditions a write meets (upstream's
+//! `plugin/webhook/mutating` and `validating` dispatchers).
+//!
+//! Mutating webhooks run one after the other, after the built-in
+//! mutating plugins, each seeing the previous ones' patches; those with
+//! `reinvocationPolicy: IfNeeded` are called once more when a later one
+//! changed the object. Validating webhooks run together, after the
+//! built-in validating plugins. Writes of the admission configurations
+//! themselves never go to a webhook, so a broken webhook cannot lock
+//! its own fix out.
+//!
+//! # Layout
+//! - [`hook`]: one webhook as configured, and whether a request meets it.
+//! - [`call`]: the HTTPS call.
+//! - [`review`]: AdmissionReview v1 and the checks on the answer.
+
+pub mod call;
+pub mod hook;
+pub mod review;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use futures::future::join_all;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use serde_json::{json, Value};
+
+use self::hook::{Attributes, Hook, Target};
+use super::cel::expression;
+use super::handlers::is_dry_run;
+use super::objects;
+use super::resources;
+use super::review::user_info;
+use super::status::{ApiError, ApiResult};
+use super::{ApiServer, Req};
+use crate::store::follow::{follow, Change};
+
+/// `apiserver_admission_webhook_admission_duration_seconds` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DurationLabels {
+    pub name: String,
+    pub operation: String,
+    pub rejected: String,
+    #[prometheus(flatten)]
+    pub kind: TypeLabel,
+}
+
+/// `apiserver_admission_webhook_rejection_count` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub name: String,
+    pub operation: String,
+    pub error_type: &'static str,
+    pub rejection_code: String,
+    #[prometheus(flatten)]
+    pub kind: TypeLabel,
+}
+
+/// `type`: `admit` (mutating) or `validating`, as upstream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    pub r#type: &'static str,
+}
+
+/// The webhook metrics (registered by the server's metrics).
+#[derive(Debug, Clone)]
+pub struct Counters {
+    pub duration: Family<DurationLabels, Histogram, fn() -> Histogram>,
+    pub rejections: Family<RejectionLabels, Counter>,
+}
+
+/// The webhooks of every configuration, mutating and validating, in
+/// upstream's order: configurations by name, webhooks as listed.
+pub struct Webhooks {
+    mutating: RwLock<Arc<Vec<Arc<Hook>>>>,
+    validating: RwLock<Arc<Vec<Arc<Hook>>>>,
+    counters: Counters,
+}
+
+impl Webhooks {
+    pub fn new(counters: Counters) -> Webhooks {
+        Webhooks {
+            mutating: RwLock::default(),
+            validating: RwLock::default(),
+            counters,
+        }
+    }
+
+    fn hooks(&self, mutating: bool) -> Arc<Vec<Arc<Hook>>> {
+        let side = if mutating {
+            &self.mutating
+        } else {
+            &self.validating
+        };
+        side.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn publish(&self, mutating: bool, configs: &BTreeMap<String, Vec<Arc<Hook>>>) {
+        let side = if mutating {
+            &self.mutating
+        } else {
+            &self.validating
+        };
+        let all = configs.values().flatten().cloned().collect();
+        *side.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(all);
+    }
+}
+
+/// Follow both kinds of configuration until the server shuts down.
+pub async fn run(api: Arc<ApiServer>) {
+    let side = |mutating: bool| {
+        let api = api.clone();
+        async move {
+            let plural = if mutating {
+                "mutatingwebhookconfigurations"
+            } else {
+                "validatingwebhookconfigurations"
+            };
+            let def = resources::lookup("admissionregistration.k8s.io", "v1", plural)
+                .expect("webhook configurations are served");
+            let mut configs: BTreeMap<String, Vec<Arc<Hook>>> = BTreeMap::new();
+            let hooks_of = |value: &[u8]| -> Vec<Arc<Hook>> {
+                let Ok(cfg) = serde_json::from_slice::<Value>(value) else {
+                    return Vec::new();
+                };
+                let name = objects::name(&cfg).unwrap_or_default().to_string();
+                cfg["webhooks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|spec| Hook::new(&name, spec, mutating).map(Arc::new))
+                    .collect()
+            };
+            follow(
+                api.store.as_ref(),
+                &def.prefix(None),
+                api.shutdown.clone(),
+                plural,
+                |change| {
+                    match change {
+                        Change::Reset(kvs) => {
+                            configs = kvs
+                                .iter()
+                                .map(|kv| (kv.key.clone(), hooks_of(&kv.value)))
+                                .collect();
+                        }
+                        Change::Put(kv) => {
+                            configs.insert(kv.key.clone(), hooks_of(&kv.value));
+                        }
+                        Change::Delete(key) => {
+                            configs.remove(&key);
+                        }
+                    }
+                    api.webhooks.publish(mutating, &configs);
+                },
+            )
+            .await;
+        }
+    };
+    tokio::join!(side(true), side(false));
+}
+
+/// The operation of a write: CREATE (no old object), UPDATE, DELETE (no
+/// new one).
+fn operation(old: Option<&Value>, new: Option<&Value>) -> &'static str {
+    match (old, new) {
+        (None, _) => "CREATE",
+        (Some(_), Some(_)) => "UPDATE",
+        (Some(_), None) => "DELETE",
+    }
+}
+
+/// What every webhook of one request shares.
+struct Call<'a> {
+    api: &'a ApiServer,
+    r: &'a Req,
+    operation: &'static str,
+    uid: String,
+    /// The namespace's labels, read once when a selector needs them.
+    namespace_labels: Option<Option<BTreeMap<String, String>>>,
+    budget: f64,
+}
+
+impl<'a> Call<'a> {
+    fn new(api: &'a ApiServer, r: &'a Req, operation: &'static str) -> Self {
+        Call {
+            api,
+            r,
+            operation,
+            uid: objects::new_uid(),
+            namespace_labels: None,
+            budget: expression::budget(),
+        }
+    }
+
+    fn attributes(&self) -> Attributes<'a> {
+        Attributes {
+            operation: self.operation,
+            group: &self.r.attrs.group,
+            version: self.r.def.version,
+            resource: &self.r.attrs.resource,
+            subresource: &self.r.attrs.subresource,
+            namespaced: self.r.def.namespaced,
+        }
+    }
+
+    /// Whether `hook` is to be called for these objects, and in which
+    /// version; an error for a match condition that failed to evaluate
+    /// under failurePolicy Fail.
+    async fn wanted(
+        &mut self,
+        hook: &Hook,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) -> ApiResult<Option<String>> {
+        let Some(version) = hook.matched_version(&self.attributes()) else {
+            return Ok(None);
+        };
+        if hook.wants_namespace() && !self.namespace_matches(hook, old, new).await? {
+            return Ok(None);
+        }
+        if !hook.object_matches(new, old) {
+            return Ok(None);
+        }
+        let request = review::request(&self.asked(&version, old, new));
+        let vars = [
+            ("object", new.unwrap_or(&Value::Null)),
+            ("oldObject", old.unwrap_or(&Value::Null)),
+            ("request", &request),
+        ];
+        match hook.conditions_hold(&vars, &mut self.budget) {
+            Ok(true) => Ok(Some(version)),
+            Ok(false) => Ok(None),
+            Err(_) if hook.ignore_failures => Ok(None),
+            Err((name, why)) => Err(ApiError::internal(format!(
+                "failed calling webhook {:?}: failed to evaluate match condition {name:?}: {why}",
+                hook.name
+            ))),
+        }
+    }
+
+    /// The namespace selector: against the namespace's labels for
+    /// namespaced objects, the object's own for a Namespace; other
+    /// cluster-scoped objects always match.
+    async fn namespace_matches(
+        &mut self,
+        hook: &Hook,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) -> ApiResult<bool> {
+        if self.r.is_resource("", "namespaces") {
+            let obj = new.or(old).unwrap_or(&Value::Null);
+            return Ok(hook.namespace_matches(Some(&hook::labels_of(obj))));
+        }
+        if !self.r.def.namespaced {
+            return Ok(true);
+        }
+        if self.namespace_labels.is_none() {
+            let ns = self.r.ns.clone().unwrap_or_default();
+            let kv = self
+                .api
+                .store
+                .get(&format!("/registry/core/namespaces/{ns}"))
+                .await
+                .map_err(ApiError::from)?;
+            let labels = kv
+                .and_then(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+                .map(|v| hook::labels_of(&v));
+            self.namespace_labels = Some(labels);
+        }
+        Ok(hook.namespace_matches(self.namespace_labels.as_ref().and_then(Option::as_ref)))
+    }
+
+    fn asked<'v>(
+        &'v self,
+        version: &'v str,
+        old: Option<&'v Value>,
+        new: Option<&'v Value>,
+    ) -> review::Asked<'v> {
+        let def = self.r.def;
+        let a = &self.r.attrs;
+        let options_kind = match self.operation {
+            "CREATE" => "CreateOptions",
+            "UPDATE" => "UpdateOptions",
+            _ => "DeleteOptions",
+        };
+        let mut options = json!({"apiVersion": "meta.k8s.io/v1", "kind": options_kind});
+        if let Some(m) = self.r.query.0.get("fieldManager") {
+            options["fieldManager"] = json!(m);
+        }
+        review::Asked {
+            uid: &self.uid,
+            kind: [def.group, version, def.kind],
+            resource: [&a.group, version, &a.resource],
+            request_kind: [def.group, def.version, def.kind],
+            request_resource: [&a.group, def.version, &a.resource],
+            subresource: &a.subresource,
+            name: objects::name(new.or(old).unwrap_or(&Value::Null)).unwrap_or(self.r.name()),
+            namespace: self.r.ns.as_deref().unwrap_or_default(),
+            operation: self.operation,
+            user_info: user_info(&self.r.identity),
+            object: new,
+            old_object: old,
+            dry_run: is_dry_run(self.r),
+            options,
+        }
+    }
+
+    /// Call `hook` in `version`; its answer, or None when it failed and
+    /// its failurePolicy is Ignore.
+    async fn call(
+        &self,
+        hook: &Hook,
+        version: &str,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) -> ApiResult<Option<review::Answer>> {
+        let start = Instant::now();
+        let kind = TypeLabel {
+            r#type: if hook.mutating { "admit" } else { "validating" },
+        };
+        let converted = |o: Option<&Value>| {
+            o.map(|o| {
+                let mut o = o.clone();
+                if version != self.r.def.version {
+                    o["apiVersion"] = json!(self
+                        .r
+                        .def
+                        .api_version()
+                        .replace(self.r.def.version, version));
+                }
+                o
+            })
+        };
+        let (old_v, new_v) = (converted(old), converted(new));
+        let request = review::request(&self.asked(version, old_v.as_ref(), new_v.as_ref()));
+        let body = serde_json::to_vec(&review::review(request)).unwrap_or_default();
+        let result = match self.endpoint(hook).await {
+            Ok((url, resolve)) => {
+                let resolve = resolve.as_ref().map(|(h, a)| (h.as_str(), *a));
+                match hook.client.post(&url, resolve, body, hook.timeout).await {
+                    Ok(bytes) => review::answer(&bytes, &self.uid, hook.mutating)
+                        .map_err(|e| format!("received invalid webhook response: {e}")),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(format!("failed to call webhook: {e}")),
+        };
+        let rejected = !matches!(&result, Ok(a) if a.allowed);
+        self.api
+            .webhooks
+            .counters
+            .duration
+            .get_or_create(&DurationLabels {
+                name: hook.name.clone(),
+                operation: self.operation.into(),
+                rejected: rejected.to_string(),
+                kind: kind.clone(),
+            })
+            .observe(start.elapsed().as_secs_f64());
+        let reject = |error_type: &'static str, code: u16| {
+            self.api
+                .webhooks
+                .counters
+                .rejections
+                .get_or_create(&RejectionLabels {
+                    name: hook.name.clone(),
+                    operation: self.operation.into(),
+                    error_type,
+                    rejection_code: code.to_string(),
+                    kind: kind.clone(),
+                })
+                .inc();
+        };
+        match result {
+            Ok(answer) if answer.allowed => Ok(Some(answer)),
+            Ok(answer) => {
+                let e = denial(&hook.name, &answer.status);
+                reject("no_error", e.code);
+                Err(e)
+            }
+            Err(why) if hook.ignore_failures => {
+                tracing::warn!(webhook = %hook.name, error = %why, "admission webhook failed; ignored (failurePolicy Ignore)");
+                Ok(None)
+            }
+            Err(why) => {
+                reject("calling_webhook_error", 500);
+                Err(ApiError::internal(format!(
+                    "failed calling webhook {:?}: {why}",
+                    hook.name
+                )))
+            }
+        }
+    }
+
+    /// The URL to post to and, for a service, the endpoint its DNS name
+    /// stands for.
+    async fn endpoint(
+        &self,
+        hook: &Hook,
+    ) -> Result<(String, Option<(String, SocketAddr)>), String> {
+        match &hook.target {
+            Target::Url(url) => Ok((url.clone(), None)),
+            Target::Service {
+                namespace,
+                name,
+                path,
+                port,
+            } => {
+                let host = format!("{name}.{namespace}.svc");
+                let addr = service_endpoint(self.api, namespace, name, *port).await?;
+                Ok((format!("https://{host}:{port}{path}"), Some((host, addr))))
+            }
+        }
+    }
+}
+
+/// A denial as the client sees it (upstream's `ToStatusErr`).
+fn denial(webhook: &str, status: &Value) -> ApiError {
+    let denied = format!("admission webhook {webhook:?} denied the request");
+    let text = |k: &str| status[k].as_str().unwrap_or_default();
+    let message = if !text("message").is_empty() {
+        format!("{denied}: {}", text("message"))
+    } else if !text("reason").is_empty() {
+        format!("{denied}: {}", text("reason"))
+    } else {
+        format!("{denied} without explanation")
+    };
+    let code = status["code"]
+        .as_u64()
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| (400..600).contains(c))
+        .unwrap_or(403);
+    ApiError::new(code, reason(text("reason")), message)
+}
+
+/// A webhook's `status.reason` as one of the StatusReasons upstream
+/// defines ("" for others: the message says it all).
+fn reason(r: &str) -> &'static str {
+    const REASONS: [&str; 18] = [
+        "Unauthorized",
+        "Forbidden",
+        "NotFound",
+        "AlreadyExists",
+        "Conflict",
+        "Gone",
+        "Invalid",
+        "ServerTimeout",
+        "Timeout",
+        "TooManyRequests",
+        "BadRequest",
+        "MethodNotAllowed",
+        "NotAcceptable",
+        "RequestEntityTooLarge",
+        "UnsupportedMediaType",
+        "InternalError",
+        "Expired",
+        "ServiceUnavailable",
+    ];
+    REASONS.iter().find(|x| **x == r).copied().unwrap_or("")
+}
+
+/// A ready endpoint of service `ns/name` for its port `port`, through
+/// its EndpointSlices (as kube-apiserver's endpoint resolver), so the
+/// call works from the server's host.
+async fn service_endpoint(
+    api: &ApiServer,
+    ns: &str,
+    name: &str,
+    port: u16,
+) -> Result<SocketAddr, String> {
+    let services = resources::lookup("", "v1", "services").expect("services are served");
+    let slices = resources::lookup("discovery.k8s.io", "v1", "endpointslices")
+        .expect("endpointslices are served");
+    let read = |kv: Option<crate::store::KeyValue>| {
+        kv.and_then(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
+    };
+    let svc = read(
+        api.store
+            .get(&services.key(Some(ns), name))
+            .await
+            .map_err(|e| e.to_string())?,
+    )
+    .ok_or_else(|| format!("service {name:?} not found"))?;
+    let svc_port = svc["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["port"].as_u64() == Some(u64::from(port)))
+        .ok_or_else(|| format!("service {name:?} has no port {port}"))?;
+    let port_name = svc_port["name"].as_str().unwrap_or_default();
+    let list = api
+        .store
+        .list(&slices.prefix(Some(ns)), None, 0, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut ready = Vec::new();
+    for slice in list.kvs.into_iter().filter_map(|kv| read(Some(kv))) {
+        if slice["metadata"]["labels"]["kubernetes.io/service-name"] != name {
+            continue;
+        }
+        let Some(target) = slice["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"].as_str().unwrap_or_default() == port_name)
+            .and_then(|p| p["port"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+        else {
+            continue;
+        };
+        for ep in slice["endpoints"].as_array().into_iter().flatten() {
+            if ep["conditions"]["ready"] == false {
+                continue;
+            }
+            let ips = ep["addresses"].as_array().into_iter().flatten();
+            ready.extend(
+                ips.filter_map(|a| a.as_str()?.parse().ok())
+                    .map(|ip| SocketAddr::new(ip, target)),
+            );
+        }
+    }
+    if ready.is_empty() {
+        return Err(format!("no endpoints available for service {name:?}"));
+    }
+    // Spread the calls over the endpoints, as a Service would.
+    let pick = objects::new_uid().bytes().map(usize::from).sum::<usize>() % ready.len();
+    Ok(ready[pick])
+}
+
+/// Mutating webhooks on a create or update (`old`): each matching
+/// webhook in turn, its patch applied to `obj`; then, once, those with
+/// `reinvocationPolicy: IfNeeded` that a later patch came after.
+/// Returns the webhooks' warnings.
+///
+/// # Errors
+/// A denial, a failed call under failurePolicy Fail, or a patch that
+/// cannot be applied.
+pub(crate) async fn mutate(
+    api: &ApiServer,
+    r: &Req,
+    old: Option<&Value>,
+    obj: &mut Value,
+) -> ApiResult<Vec<String>> {
+    let hooks = api.webhooks.hooks(true);
+    if hooks.is_empty() || exempt(r) {
+        return Ok(Vec::new());
+    }
+    let mut call = Call::new(api, r, operation(old, Some(obj)));
+    let mut warnings = Vec::new();
+    // Which webhook was called in which round, and the last to change
+    // the object.
+    let mut called: HashMap<usize, usize> = HashMap::new();
+    let mut last_change = None;
+    for round in 0..2 {
+        for (i, hook) in hooks.iter().enumerate() {
+            if round == 1
+                && !(hook.reinvoke && called.contains_key(&i) && last_change.is_some_and(|l| l > i))
+            {
+                continue;
+            }
+            let Some(version) = call.wanted(hook, old, Some(obj)).await? else {
+                continue;
+            };
+            let Some(answer) = call.call(hook, &version, old, Some(obj)).await? else {
+                continue;
+            };
+            called.insert(i, round);
+            warnings.extend(answer.warnings);
+            if let Some(patch) = answer.patch {
+                let mut patched = obj.clone();
+                json_patch::patch(&mut patched, &patch).map_err(|e| {
+                    ApiError::internal(format!(
+                        "admission webhook {:?} returned a patch that cannot be applied: {e}",
+                        hook.name
+                    ))
+                })?;
+                if !patched.is_object()
+                    || patched["apiVersion"] != obj["apiVersion"]
+                    || patched["kind"] != obj["kind"]
+                {
+                    return Err(ApiError::internal(format!(
+                        "admission webhook {:?} changed the object's kind or apiVersion",
+                        hook.name
+                    )));
+                }
+                if patched != *obj {
+                    *obj = patched;
+                    last_change = Some(i);
+                }
+            }
+        }
+        if round == 0
+            && !hooks.iter().enumerate().any(|(i, h)| {
+                h.reinvoke && called.contains_key(&i) && last_change.is_some_and(|l| l > i)
+            })
+        {
+            break;
+        }
+    }
+    Ok(warnings)
+}
+
+/// Mutating webhooks on a delete: they are asked, but may not patch.
+pub(crate) async fn mutate_delete(api: &ApiServer, r: &Req, old: &Value) -> ApiResult<Vec<String>> {
+    let hooks = api.webhooks.hooks(true);
+    if hooks.is_empty() || exempt(r) {
+        return Ok(Vec::new());
+    }
+    let mut call = Call::new(api, r, "DELETE");
+    let mut warnings = Vec::new();
+    for hook in hooks.iter() {
+        let Some(version) = call.wanted(hook, Some(old), None).await? else {
+            continue;
+        };
+        let Some(answer) = call.call(hook, &version, Some(old), None).await? else {
+            continue;
+        };
+        if answer.patch.is_some() {
+            return Err(ApiError::internal(format!(
+                "admission webhook {:?} attempted to modify the object, which is not supported for this operation",
+                hook.name
+            )));
+        }
+        warnings.extend(answer.warnings);
+    }
+    Ok(warnings)
+}
+
+/// Validating webhooks on a create, update or delete (`new` None), all
+/// called at once. Returns their warnings.
+///
+/// # Errors
+/// The first denial or failed call (under failurePolicy Fail), in the
+/// webhooks' order.
+pub(crate) async fn validate(
+    api: &ApiServer,
+    r: &Req,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> ApiResult<Vec<String>> {
+    let hooks = api.webhooks.hooks(false);
+    if hooks.is_empty() || exempt(r) {
+        return Ok(Vec::new());
+    }
+    let mut call = Call::new(api, r, operation(old, new));
+    let mut wanted = Vec::new();
+    for hook in hooks.iter() {
+        if let Some(version) = call.wanted(hook, old, new).await? {
+            wanted.push((hook, version));
+        }
+    }
+    let call = &call;
+    let answers = join_all(
+        wanted
+            .iter()
+            .map(|(hook, version)| call.call(hook, version, old, new)),
+    )
+    .await;
+    let mut warnings = Vec::new();
+    for answer in answers {
+        if let Some(a) = answer? {
+            warnings.extend(a.warnings);
+        }
+    }
+    Ok(warnings)
+}
+
+/// Writes no webhook sees: the admission configurations themselves, and
+/// the write of a `scale` request to its parent (the webhooks were asked
+/// about the Scale, see [`super::subresources`]).
+fn exempt(r: &Req) -> bool {
+    r.attrs.group == "admissionregistration.k8s.io"
+        || (r.attrs.subresource == "scale" && r.sub.is_none())
+}

@@ -1,0 +1,191 @@
+//! An admission webhook server on loopback HTTPS, with a CA of its own,
+//! for the webhook tests. Each path is one webhook's behaviour; every
+//! review received is kept for the test to inspect.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde_json::{json, Value};
+
+pub struct WebhookServer {
+    pub port: u16,
+    /// The CA's certificate, base64 of the PEM (a `caBundle`).
+    pub ca_bundle: String,
+    /// (path, review request) of every call.
+    calls: Arc<Mutex<Vec<(String, Value)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WebhookServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl WebhookServer {
+    /// (path, review request) of every call so far.
+    pub fn calls(&self) -> Vec<(String, Value)> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// The requests `path` has received.
+    pub fn calls_to(&self, path: &str) -> Vec<Value> {
+        let calls = self.calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+}
+
+fn allowed(uid: &Value) -> Value {
+    json!({"uid": uid, "allowed": true})
+}
+
+fn reviewed(response: Value) -> Bytes {
+    Bytes::from(
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+            .to_string(),
+    )
+}
+
+fn patch(ops: Value) -> String {
+    base64::engine::general_purpose::STANDARD.encode(ops.to_string())
+}
+
+/// The answer of the webhook at `path` to `request`:
+/// - `/mutate`: labels the object `webhook.test.skiff.io/mutated: "true"`.
+/// - `/validate`: denies objects labelled `deny`, deletes of objects
+///   labelled `protect`; warns about everything else.
+/// - `/garbage`: not JSON. `/bad-patch`: a patch that cannot apply.
+///   `/patch`: a patch (from a validating webhook, where it is refused).
+///   `/huge`: a 100 MiB answer. `/slow`: answers after 30 s.
+async fn answer(path: &str, request: &Value) -> Bytes {
+    let uid = &request["uid"];
+    let obj = &request["object"];
+    match path {
+        "/mutate" => {
+            let ops = if obj["metadata"]["labels"].is_object() {
+                json!([{"op": "add", "path": "/metadata/labels/webhook.test.skiff.io~1mutated", "value": "true"}])
+            } else {
+                json!([{"op": "add", "path": "/metadata/labels", "value": {"webhook.test.skiff.io/mutated": "true"}}])
+            };
+            reviewed(
+                json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": patch(ops)}),
+            )
+        }
+        "/validate" => {
+            let old = &request["oldObject"];
+            if !obj["metadata"]["labels"]["deny"].is_null() {
+                reviewed(json!({"uid": uid, "allowed": false,
+                    "status": {"code": 403, "reason": "Forbidden", "message": "objects labelled deny are not allowed"}}))
+            } else if request["operation"] == "DELETE"
+                && !old["metadata"]["labels"]["protect"].is_null()
+            {
+                reviewed(
+                    json!({"uid": uid, "allowed": false, "status": {"code": 422, "message": "this object is protected"}}),
+                )
+            } else {
+                reviewed(
+                    json!({"uid": uid, "allowed": true, "warnings": ["seen by the validating webhook"]}),
+                )
+            }
+        }
+        "/garbage" => Bytes::from_static(b"this is not JSON"),
+        "/bad-patch" => reviewed(
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
+            "patch": patch(json!([{"op": "remove", "path": "/no/such/field"}]))}),
+        ),
+        "/patch" => reviewed(
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
+            "patch": patch(json!([{"op": "add", "path": "/metadata/labels", "value": {}}]))}),
+        ),
+        "/huge" => Bytes::from(vec![b' '; 100 << 20]),
+        "/slow" => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            reviewed(allowed(uid))
+        }
+        _ => reviewed(allowed(uid)),
+    }
+}
+
+/// Serve on 127.0.0.1 with a certificate for 127.0.0.1 and `dns_names`.
+pub async fn serve(dns_names: &[&str]) -> WebhookServer {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(vec![]).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "test webhook CA");
+    let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
+    let ca = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).unwrap();
+    let srv_key = rcgen::KeyPair::generate().unwrap();
+    let mut names = vec!["127.0.0.1".to_string()];
+    names.extend(dns_names.iter().map(|n| n.to_string()));
+    let srv = rcgen::CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&srv_key, &ca)
+        .unwrap();
+    let tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(srv.der().to_vec())],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(srv_key.serialize_der())),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let calls: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
+    let kept = calls.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let Ok(io) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let kept = kept.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            let body = req
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let review: Value =
+                                serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            let request = review["request"].clone();
+                            kept.lock().unwrap().push((path.clone(), request.clone()));
+                            let out = answer(&path, &request).await;
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(out)))
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(io), svc)
+                    .await;
+            });
+        }
+    });
+    WebhookServer {
+        port,
+        ca_bundle: base64::engine::general_purpose::STANDARD.encode(ca_pem),
+        calls,
+        task,
+    }
+}
