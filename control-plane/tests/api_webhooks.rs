@@ -4,7 +4,7 @@
 //! objects and match conditions it selects; the review carries what
 //! upstream's does; failures follow `failurePolicy` and `timeoutSeconds`;
 //! bad answers get upstream's errors and the server keeps serving; a
-//! webhook behind a Service is reached through its EndpointSlices.
+//! webhook behind a Service is reached through its endpoints.
 
 #[path = "support/api.rs"]
 mod api;
@@ -433,8 +433,8 @@ webhooks:
         until_secret(&s, "webhooks", |success, _| success).await;
     }
 
-    // A webhook behind a Service, reached through its EndpointSlice and
-    // checked against the service's DNS name.
+    // A webhook behind a Service (no pod behind it: dialled from the
+    // server), checked against the service's DNS name.
     ok(s.kubectl_stdin(
         &["apply", "-f", "-"],
         &format!(
@@ -444,17 +444,12 @@ metadata: {{name: hooksvc, namespace: webhooks}}
 spec:
   ports: [{{name: https, port: 443, targetPort: 8443}}]
 ---
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: hooksvc-1
-  namespace: webhooks
-  labels: {{kubernetes.io/service-name: hooksvc}}
-addressType: IPv4
-ports: [{{name: https, port: {port}}}]
-endpoints:
-- addresses: [127.0.0.1]
-  conditions: {{ready: true}}
+apiVersion: v1
+kind: Endpoints
+metadata: {{name: hooksvc, namespace: webhooks}}
+subsets:
+- addresses: [{{ip: 127.0.0.1}}]
+  ports: [{{name: https, port: {port}}}]
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: MutatingWebhookConfiguration

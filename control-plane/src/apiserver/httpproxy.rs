@@ -61,9 +61,7 @@ pub(crate) async fn proxy(
         other => return Err(ApiError::not_found_path(&format!("{other}/proxy"))),
     };
     tracing::debug!(?backend, target, "proxying");
-    let (host, node_port) = nodeproxy::node_server(api, &backend.node).await?;
-    let tls = nodeproxy::kubelet_tls(api)?;
-    let tunnel = open_tunnel(tls, &host, node_port, &backend).await?;
+    let tunnel = tunnel(api, &backend.node, &backend.ip, backend.port).await?;
     let authority = authority(&backend.ip, backend.port);
     let answer = if backend.https {
         let tls = tls_to(&backend.ip, tunnel).await?;
@@ -205,7 +203,8 @@ fn pod_port(pod: &Value, port: Option<&str>, scheme: &str) -> Option<u16> {
 }
 
 /// upstream's service `ResourceLocation`: the service port by number or
-/// name, then a ready address of the Endpoints for it, picked at random.
+/// name, then a ready address of the Endpoints for it that a node can
+/// reach, picked at random.
 async fn service_backend(
     api: &ApiServer,
     ns: &str,
@@ -213,6 +212,47 @@ async fn service_backend(
     scheme: &str,
     port: Option<&str>,
 ) -> ApiResult<Backend> {
+    let mut routable: Vec<Backend> = service_endpoints(api, ns, name, port)
+        .await?
+        .into_iter()
+        .filter_map(|e| {
+            Some(Backend {
+                https: scheme == "https",
+                ip: e.ip,
+                port: e.port,
+                node: e.node?,
+            })
+        })
+        .collect();
+    if routable.is_empty() {
+        return Err(ApiError::unavailable(format!(
+            "no endpoints available for service {name:?}"
+        )));
+    }
+    let pick = rand::rng().random_range(0..routable.len());
+    Ok(routable.swap_remove(pick))
+}
+
+/// A ready address of a service port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Endpoint {
+    pub ip: String,
+    pub port: u16,
+    /// The node whose server reaches `ip`, when a pod is behind it.
+    pub node: Option<String>,
+}
+
+/// The ready addresses of service `ns/name` for its port `port` (number
+/// or name; None: the unnamed one), from its Endpoints.
+///
+/// # Errors
+/// 404 for a missing service, 503 for a port it does not have.
+pub(crate) async fn service_endpoints(
+    api: &ApiServer,
+    ns: &str,
+    name: &str,
+    port: Option<&str>,
+) -> ApiResult<Vec<Endpoint>> {
     let svc = get(api, "services", ns, name).await?;
     let mut port_name = port.unwrap_or_default().to_string();
     if let Ok(number) = port_name.parse::<i64>() {
@@ -233,34 +273,24 @@ async fn service_backend(
         .as_ref()
         .map(|e| candidates(e, &port_name))
         .unwrap_or_default();
-    let mut routable = Vec::new();
+    let mut out = Vec::new();
     for (ip, port, node, pod) in candidates {
         let node = match (node, pod) {
-            (Some(node), _) => node,
+            (Some(node), _) => Some(node),
             // No nodeName written: the pod says where it runs.
             (None, Some(pod)) => get(api, "pods", ns, &pod)
                 .await
                 .ok()
-                .and_then(|p| p["spec"]["nodeName"].as_str().map(String::from))
-                .unwrap_or_default(),
-            (None, None) => String::new(),
+                .and_then(|p| p["spec"]["nodeName"].as_str().map(String::from)),
+            (None, None) => None,
         };
-        if !node.is_empty() {
-            routable.push(Backend {
-                https: scheme == "https",
-                ip,
-                port,
-                node,
-            });
-        }
+        out.push(Endpoint {
+            ip,
+            port,
+            node: node.filter(|n| !n.is_empty()),
+        });
     }
-    if routable.is_empty() {
-        return Err(ApiError::unavailable(format!(
-            "no endpoints available for service {name:?}"
-        )));
-    }
-    let pick = rand::rng().random_range(0..routable.len());
-    Ok(routable.swap_remove(pick))
+    Ok(out)
 }
 
 /// The ready addresses of `endpoints` that serve the port named
@@ -301,23 +331,31 @@ async fn get(api: &ApiServer, plural: &str, ns: &str, name: &str) -> ApiResult<V
         .ok_or_else(|| ApiError::not_found("", plural, name))
 }
 
-/// A connection to `backend`, opened by its node's server.
-async fn open_tunnel(
-    tls: Arc<rustls::ClientConfig>,
-    host: &str,
+/// A connection to `ip:port`, opened by the server of `node` (the API
+/// server needs no route into the pod networks).
+///
+/// # Errors
+/// 503 when the node or the address cannot be reached.
+pub(crate) async fn tunnel(
+    api: &ApiServer,
+    node: &str,
+    ip: &str,
     port: u16,
-    backend: &Backend,
 ) -> ApiResult<TokioIo<hyper::upgrade::Upgraded>> {
+    let (host, node_port) = nodeproxy::node_server(api, node).await?;
+    let tls = nodeproxy::kubelet_tls(api)?;
+    let backend = (ip, port);
+    let (host, port) = (host.as_str(), node_port);
     let io = nodeproxy::connect(tls, host, port)
         .await
-        .map_err(|e| unreachable(format!("node {}: {e}", backend.node)))?;
+        .map_err(|e| unreachable(format!("node {node}: {e}")))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| unreachable(e.to_string()))?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
-    let req = http::Request::get(format!("/tunnel/{}/{}", backend.ip, backend.port))
+    let req = http::Request::get(format!("/tunnel/{}/{}", backend.0, backend.1))
         .header(header::HOST, authority(host, port))
         .header(header::CONNECTION, "Upgrade")
         .header(header::UPGRADE, "tcp")

@@ -1,22 +1,49 @@
 //! Calling a webhook: one HTTPS POST of the review, trusting only the
 //! webhook's `caBundle` (the system's roots without one), within its
 //! timeout, reading at most [`MAX_RESPONSE`] bytes of the answer.
-//! Connections are pooled per webhook (and per endpoint a service
-//! resolves to, the certificate still checked against the service's DNS
-//! name).
+//!
+//! A `url` is dialled from here. A service's endpoint is reached through
+//! the server of the node its pod runs on (the tunnel pods/proxy uses,
+//! [`crate::apiserver::httpproxy::tunnel`]), or dialled from here when no
+//! pod is behind it; either way the certificate is checked against the
+//! service's DNS name, `NAME.NAMESPACE.svc`.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::apiserver::{httpproxy, ApiServer};
 
 /// The most of a webhook's answer that is read: a review carries two
 /// objects, a patch of one in base64 at most a third larger.
 pub const MAX_RESPONSE: usize = 4 * crate::apiserver::MAX_BODY;
 
+/// Where the connection goes.
+pub enum Dial {
+    /// `host:port`, from this server.
+    Direct(String, u16),
+    /// `ip:port`, through node `node`'s server.
+    Tunnel { node: String, ip: String, port: u16 },
+}
+
+/// One call: where to connect, whom to expect there, what to ask.
+pub struct Post {
+    pub dial: Dial,
+    /// The name the certificate must carry.
+    pub server_name: String,
+    /// `https://HOST:PORT/PATH`, for the Host header and messages.
+    pub url: String,
+    pub body: Vec<u8>,
+    pub timeout: Duration,
+}
+
 pub struct Client {
     tls: Result<Arc<rustls::ClientConfig>, String>,
-    pooled: Mutex<HashMap<Option<SocketAddr>, reqwest::Client>>,
 }
 
 impl Client {
@@ -25,100 +52,124 @@ impl Client {
         let ca = (!ca.is_empty()).then_some(ca);
         Client {
             tls: crate::auth::oidc::keys::tls_config(ca),
-            pooled: Mutex::default(),
         }
     }
 
-    fn client(&self, resolve: Option<(&str, SocketAddr)>) -> Result<reqwest::Client, String> {
-        let tls = self.tls.clone().map_err(|e| format!("caBundle: {e}"))?;
-        let mut pooled = self.pooled.lock().expect("webhook clients lock");
-        let key = resolve.map(|(_, a)| a);
-        if let Some(c) = pooled.get(&key) {
-            return Ok(c.clone());
-        }
-        let mut b = reqwest::Client::builder()
-            .use_preconfigured_tls((*tls).clone())
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy();
-        if let Some((host, addr)) = resolve {
-            b = b.resolve(host, addr);
-        }
-        let c = b.build().map_err(|e| e.to_string())?;
-        // Endpoints come and go: keep the pool from growing without end.
-        if pooled.len() > 16 {
-            pooled.clear();
-        }
-        pooled.insert(key, c.clone());
-        Ok(c)
-    }
-
-    /// POST `body` to `url` (its host resolved to `resolve`'s address when
-    /// given); the answer's body when it is a 200.
+    /// Make the call; the answer's body when it is a 2xx.
     ///
     /// # Errors
     /// Upstream's wording: `failed to call webhook: ...` for a call that
     /// did not complete, `received invalid webhook response: ...` for an
     /// answer that cannot be one.
-    pub async fn post(
-        &self,
-        url: &str,
-        resolve: Option<(&str, SocketAddr)>,
-        body: Vec<u8>,
-        timeout: Duration,
-    ) -> Result<Vec<u8>, String> {
-        let url = format!("{url}?timeout={}s", timeout.as_secs());
-        let client = self
-            .client(resolve)
-            .map_err(|e| format!("failed to call webhook: {e}"))?;
+    pub async fn post(&self, api: &ApiServer, post: Post) -> Result<Vec<u8>, String> {
+        let url = format!("{}?timeout={}s", post.url, post.timeout.as_secs());
+        let failed = |e: String| format!("failed to call webhook: Post {url:?}: {e}");
+        let tls = self
+            .tls
+            .clone()
+            .map_err(|e| format!("failed to call webhook: caBundle: {e}"))?;
+        let name =
+            ServerName::try_from(post.server_name.clone()).map_err(|e| failed(e.to_string()))?;
+        let uri: http::Uri = url.parse().map_err(|e| failed(format!("{e}")))?;
+        let req = http::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
+            .header(
+                http::header::HOST,
+                uri.authority().map_or("", |a| a.as_str()),
+            )
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::from(post.body)))
+            .map_err(|e| failed(e.to_string()))?;
         let call = async {
-            let mut resp = client
-                .post(&url)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .header(http::header::ACCEPT, "application/json")
-                .body(body)
-                .send()
-                .await
-                .map_err(|e| format!("failed to call webhook: Post {url:?}: {}", chain(&e)))?;
-            let status = resp.status();
-            let mut out = Vec::new();
-            while let Some(chunk) = resp
-                .chunk()
-                .await
-                .map_err(|e| format!("failed to call webhook: Post {url:?}: {}", chain(&e)))?
-            {
-                if out.len() + chunk.len() > MAX_RESPONSE {
-                    return Err(format!(
-                        "received invalid webhook response: the response is larger than {MAX_RESPONSE} bytes"
-                    ));
+            match post.dial {
+                Dial::Direct(host, port) => {
+                    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                        .await
+                        .map_err(|e| failed(format!("dial tcp {host}:{port}: {e}")))?;
+                    let _ = tcp.set_nodelay(true);
+                    exchange(tls, name, tcp, req)
+                        .await
+                        .map_err(|e| e.message(&failed))
                 }
-                out.extend_from_slice(&chunk);
+                Dial::Tunnel { node, ip, port } => {
+                    let io = httpproxy::tunnel(api, &node, &ip, port)
+                        .await
+                        .map_err(|e| failed(e.message))?;
+                    exchange(tls, name, io, req)
+                        .await
+                        .map_err(|e| e.message(&failed))
+                }
             }
-            if !status.is_success() {
-                let text = String::from_utf8_lossy(&out[..out.len().min(1024)]).into_owned();
-                return Err(format!(
-                    "failed to call webhook: the server responded with the status code {} but did not return more information ({text:?})",
-                    status.as_u16()
-                ));
-            }
-            Ok(out)
         };
-        match tokio::time::timeout(timeout, call).await {
+        match tokio::time::timeout(post.timeout, call).await {
             Ok(r) => r,
-            Err(_) => Err(format!(
-                "failed to call webhook: Post {url:?}: context deadline exceeded"
-            )),
+            Err(_) => Err(failed("context deadline exceeded".into())),
         }
     }
 }
 
-/// An error and its causes, as Go prints wrapped errors.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
+/// Why an exchange failed.
+enum Failure {
+    /// The call did not complete.
+    Call(String),
+    /// It did, and the answer is not one.
+    Answer(String),
+}
+
+impl Failure {
+    fn message(self, failed: &impl Fn(String) -> String) -> String {
+        match self {
+            Failure::Call(e) => failed(e),
+            Failure::Answer(e) => e,
+        }
     }
-    s
+}
+
+/// TLS over `io`, then the request; the body of a 2xx answer.
+async fn exchange<T>(
+    tls: Arc<rustls::ClientConfig>,
+    name: ServerName<'static>,
+    io: T,
+    req: http::Request<Full<Bytes>>,
+) -> Result<Vec<u8>, Failure>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let io = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, io)
+        .await
+        .map_err(|e| Failure::Call(format!("tls: {e}")))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| Failure::Call(e.to_string()))?;
+    // The connection ends when `sender` is dropped, after this call.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| Failure::Call(e.to_string()))?;
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), MAX_RESPONSE)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                Failure::Answer(format!(
+                    "received invalid webhook response: the response is larger than {MAX_RESPONSE} bytes"
+                ))
+            } else {
+                Failure::Call(e.to_string())
+            }
+        })?
+        .to_bytes();
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&body[..body.len().min(1024)]).into_owned();
+        return Err(Failure::Answer(format!(
+            "failed to call webhook: the server responded with the status code {} ({text:?})",
+            status.as_u16()
+        )));
+    }
+    Ok(body.to_vec())
 }

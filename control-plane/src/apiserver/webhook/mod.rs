@@ -22,7 +22,6 @@ pub mod hook;
 pub mod review;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -33,9 +32,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 
+use rand::Rng as _;
+
+use self::call::{Dial, Post};
 use self::hook::{Attributes, Hook, Target};
 use super::cel::expression;
 use super::handlers::is_dry_run;
+use super::httpproxy;
 use super::objects;
 use super::resources;
 use super::review::user_info;
@@ -343,15 +346,11 @@ impl<'a> Call<'a> {
         let (old_v, new_v) = (converted(old), converted(new));
         let request = review::request(&self.asked(version, old_v.as_ref(), new_v.as_ref()));
         let body = serde_json::to_vec(&review::review(request)).unwrap_or_default();
-        let result = match self.endpoint(hook).await {
-            Ok((url, resolve)) => {
-                let resolve = resolve.as_ref().map(|(h, a)| (h.as_str(), *a));
-                match hook.client.post(&url, resolve, body, hook.timeout).await {
-                    Ok(bytes) => review::answer(&bytes, &self.uid, hook.mutating)
-                        .map_err(|e| format!("received invalid webhook response: {e}")),
-                    Err(e) => Err(e),
-                }
-            }
+        let result = match self.post(hook, body).await {
+            Ok(post) => hook.client.post(self.api, post).await.and_then(|bytes| {
+                review::answer(&bytes, &self.uid, hook.mutating)
+                    .map_err(|e| format!("received invalid webhook response: {e}"))
+            }),
             Err(e) => Err(format!("failed to call webhook: {e}")),
         };
         let rejected = !matches!(&result, Ok(a) if a.allowed);
@@ -401,14 +400,20 @@ impl<'a> Call<'a> {
         }
     }
 
-    /// The URL to post to and, for a service, the endpoint its DNS name
-    /// stands for.
-    async fn endpoint(
-        &self,
-        hook: &Hook,
-    ) -> Result<(String, Option<(String, SocketAddr)>), String> {
-        match &hook.target {
-            Target::Url(url) => Ok((url.clone(), None)),
+    /// Where and how to post to `hook`: its URL, or a ready endpoint of
+    /// its service.
+    async fn post(&self, hook: &Hook, body: Vec<u8>) -> Result<Post, String> {
+        let (dial, server_name, url) = match &hook.target {
+            Target::Url(url) => {
+                let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
+                let host = uri.host().unwrap_or_default();
+                let host = host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string();
+                let port = uri.port_u16().unwrap_or(443);
+                (Dial::Direct(host.clone(), port), host, url.clone())
+            }
             Target::Service {
                 namespace,
                 name,
@@ -416,10 +421,40 @@ impl<'a> Call<'a> {
                 port,
             } => {
                 let host = format!("{name}.{namespace}.svc");
-                let addr = service_endpoint(self.api, namespace, name, *port).await?;
-                Ok((format!("https://{host}:{port}{path}"), Some((host, addr))))
+                let url = format!("https://{host}:{port}{path}");
+                let endpoints = httpproxy::service_endpoints(
+                    self.api,
+                    namespace,
+                    name,
+                    Some(&port.to_string()),
+                )
+                .await
+                .map_err(|e| format!("Post {url:?}: {}", e.message))?;
+                if endpoints.is_empty() {
+                    return Err(format!(
+                        "Post {url:?}: no endpoints available for service {name:?}"
+                    ));
+                }
+                let pick = rand::rng().random_range(0..endpoints.len());
+                let e = endpoints[pick].clone();
+                let dial = match e.node {
+                    Some(node) => Dial::Tunnel {
+                        node,
+                        ip: e.ip,
+                        port: e.port,
+                    },
+                    None => Dial::Direct(e.ip, e.port),
+                };
+                (dial, host, url)
             }
-        }
+        };
+        Ok(Post {
+            dial,
+            server_name,
+            url,
+            body,
+            timeout: hook.timeout,
+        })
     }
 }
 
@@ -466,74 +501,6 @@ fn reason(r: &str) -> &'static str {
         "ServiceUnavailable",
     ];
     REASONS.iter().find(|x| **x == r).copied().unwrap_or("")
-}
-
-/// A ready endpoint of service `ns/name` for its port `port`, through
-/// its EndpointSlices (as kube-apiserver's endpoint resolver), so the
-/// call works from the server's host.
-async fn service_endpoint(
-    api: &ApiServer,
-    ns: &str,
-    name: &str,
-    port: u16,
-) -> Result<SocketAddr, String> {
-    let services = resources::lookup("", "v1", "services").expect("services are served");
-    let slices = resources::lookup("discovery.k8s.io", "v1", "endpointslices")
-        .expect("endpointslices are served");
-    let read = |kv: Option<crate::store::KeyValue>| {
-        kv.and_then(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
-    };
-    let svc = read(
-        api.store
-            .get(&services.key(Some(ns), name))
-            .await
-            .map_err(|e| e.to_string())?,
-    )
-    .ok_or_else(|| format!("service {name:?} not found"))?;
-    let svc_port = svc["spec"]["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["port"].as_u64() == Some(u64::from(port)))
-        .ok_or_else(|| format!("service {name:?} has no port {port}"))?;
-    let port_name = svc_port["name"].as_str().unwrap_or_default();
-    let list = api
-        .store
-        .list(&slices.prefix(Some(ns)), None, 0, None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut ready = Vec::new();
-    for slice in list.kvs.into_iter().filter_map(|kv| read(Some(kv))) {
-        if slice["metadata"]["labels"]["kubernetes.io/service-name"] != name {
-            continue;
-        }
-        let Some(target) = slice["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"].as_str().unwrap_or_default() == port_name)
-            .and_then(|p| p["port"].as_u64())
-            .and_then(|p| u16::try_from(p).ok())
-        else {
-            continue;
-        };
-        for ep in slice["endpoints"].as_array().into_iter().flatten() {
-            if ep["conditions"]["ready"] == false {
-                continue;
-            }
-            let ips = ep["addresses"].as_array().into_iter().flatten();
-            ready.extend(
-                ips.filter_map(|a| a.as_str()?.parse().ok())
-                    .map(|ip| SocketAddr::new(ip, target)),
-            );
-        }
-    }
-    if ready.is_empty() {
-        return Err(format!("no endpoints available for service {name:?}"));
-    }
-    // Spread the calls over the endpoints, as a Service would.
-    let pick = objects::new_uid().bytes().map(usize::from).sum::<usize>() % ready.len();
-    Ok(ready[pick])
 }
 
 /// Mutating webhooks on a create or update (`old`): each matching
