@@ -519,15 +519,36 @@ pub fn toolbox_with_blob(name: &str, bytes: usize) -> Result<OciImage> {
 pub const GRPC_HEALTH_IMAGE: &str = "skiff.test/grpc-health:1.0";
 
 /// The toolbox plus `/usr/local/bin/grpc-health-server` (this crate's
-/// binary, a tonic gRPC health server) and the host's shared libraries it
-/// links (as `ldd` lists them), so a glibc binary runs in the image.
+/// binary, a tonic gRPC health server).
+///
+/// # Errors
+/// As [`toolbox_with_binary`].
+pub fn grpc_health() -> Result<OciImage> {
+    toolbox_with_binary(GRPC_HEALTH_IMAGE, "grpc-health-server")
+}
+
+/// Name of [`admission_webhook`]'s image.
+pub const ADMISSION_WEBHOOK_IMAGE: &str = "skiff.test/admission-webhook:1.0";
+
+/// The toolbox plus `/usr/local/bin/admission-webhook` (this crate's
+/// binary: the API server tests' admission webhook server).
+///
+/// # Errors
+/// As [`toolbox_with_binary`].
+pub fn admission_webhook() -> Result<OciImage> {
+    toolbox_with_binary(ADMISSION_WEBHOOK_IMAGE, "admission-webhook")
+}
+
+/// Image `name`: the toolbox plus this crate's binary `bin` in
+/// `/usr/local/bin` and the host's shared libraries it links (as `ldd`
+/// lists them), so a glibc binary runs in the image.
 ///
 /// # Errors
 /// Fails when the binary cannot be built or `ldd` cannot read it.
-pub fn grpc_health() -> Result<OciImage> {
-    let bin = crate::agent::workspace_binary("skiff-tests", "grpc-health-server")?;
+fn toolbox_with_binary(name: &str, bin_name: &str) -> Result<OciImage> {
+    let bin = crate::agent::workspace_binary("skiff-tests", bin_name)?;
     let mut layer = LayerBuilder::new().file(
-        "usr/local/bin/grpc-health-server",
+        &format!("usr/local/bin/{bin_name}"),
         fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?,
         0o755,
     );
@@ -558,7 +579,7 @@ pub fn grpc_health() -> Result<OciImage> {
         },
         toolbox_layer,
     )?;
-    ImageBuilder::new(GRPC_HEALTH_IMAGE)
+    ImageBuilder::new(name)
         .layer(toolbox)
         .layer(layer.build()?)
         .env(TOOLBOX_PATH)

@@ -1,6 +1,10 @@
-//! An admission webhook server on loopback HTTPS, with a CA of its own,
-//! for the webhook tests. Each path is one webhook's behaviour; every
-//! review received is kept for the test to inspect.
+//! An admission webhook server for the webhook tests: on loopback HTTPS
+//! with a CA of its own ([`serve`], the API server tests), or on any
+//! listener with a given certificate ([`spawn`], the test image's
+//! `admission-webhook` binary, which includes this file). Each path is
+//! one webhook's behaviour; every review received is kept for the test
+//! to inspect.
+#![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,15 +13,14 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 
 pub struct WebhookServer {
     pub port: u16,
     /// The CA's certificate, base64 of the PEM (a `caBundle`).
     pub ca_bundle: String,
-    /// (path, review request) of every call.
-    calls: Arc<Mutex<Vec<(String, Value)>>>,
+    calls: Calls,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -115,9 +118,51 @@ async fn answer(path: &str, request: &Value) -> Bytes {
     }
 }
 
-/// Serve on 127.0.0.1 with a certificate for 127.0.0.1 and `dns_names`.
-pub async fn serve(dns_names: &[&str]) -> WebhookServer {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+/// (path, review request) of every call.
+pub type Calls = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// Answer reviews on `listener` with `tls` until dropped, keeping every
+/// request in `calls`.
+pub async fn spawn(listener: tokio::net::TcpListener, tls: rustls::ServerConfig, calls: Calls) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            return;
+        };
+        let acceptor = acceptor.clone();
+        let kept = calls.clone();
+        tokio::spawn(async move {
+            let Ok(io) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let kept = kept.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let request = review["request"].clone();
+                        kept.lock().unwrap().push((path.clone(), request.clone()));
+                        let out = answer(&path, &request).await;
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(out)))
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(io), svc)
+                .await;
+        });
+    }
+}
+
+/// A new CA and a serving certificate it signed for `names` (IPs or DNS
+/// names): (CA PEM, certificate PEM, key PEM).
+pub fn certificate(names: &[&str]) -> (String, String, String) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(vec![]).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -126,62 +171,39 @@ pub async fn serve(dns_names: &[&str]) -> WebhookServer {
         .push(rcgen::DnType::CommonName, "test webhook CA");
     let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
     let ca = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).unwrap();
-    let srv_key = rcgen::KeyPair::generate().unwrap();
-    let mut names = vec!["127.0.0.1".to_string()];
-    names.extend(dns_names.iter().map(|n| n.to_string()));
-    let srv = rcgen::CertificateParams::new(names)
+    let key = rcgen::KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let cert = rcgen::CertificateParams::new(names)
         .unwrap()
-        .signed_by(&srv_key, &ca)
+        .signed_by(&key, &ca)
         .unwrap();
-    let tls = rustls::ServerConfig::builder()
+    (ca_pem, cert.pem(), key.serialize_pem())
+}
+
+/// TLS serving `cert_pem` with `key_pem`.
+pub fn server_config(cert_pem: &str, key_pem: &str) -> rustls::ServerConfig {
+    use rustls::pki_types::pem::PemObject as _;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certificate PEM");
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key PEM");
+    rustls::ServerConfig::builder()
         .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from(srv.der().to_vec())],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(srv_key.serialize_der())),
-        )
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        .with_single_cert(chain, key)
+        .expect("certificate and key match")
+}
+
+/// Serve on 127.0.0.1 with a certificate for 127.0.0.1 and `dns_names`.
+pub async fn serve(dns_names: &[&str]) -> WebhookServer {
+    let mut names = vec!["127.0.0.1"];
+    names.extend(dns_names);
+    let (ca_pem, cert, key) = certificate(&names);
+    let tls = server_config(&cert, &key);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let calls: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
-    let kept = calls.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let acceptor = acceptor.clone();
-            let kept = kept.clone();
-            tokio::spawn(async move {
-                let Ok(io) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let svc = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let kept = kept.clone();
-                        async move {
-                            let path = req.uri().path().to_string();
-                            let body = req
-                                .into_body()
-                                .collect()
-                                .await
-                                .map(|b| b.to_bytes())
-                                .unwrap_or_default();
-                            let review: Value =
-                                serde_json::from_slice(&body).unwrap_or(Value::Null);
-                            let request = review["request"].clone();
-                            kept.lock().unwrap().push((path.clone(), request.clone()));
-                            let out = answer(&path, &request).await;
-                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(out)))
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(io), svc)
-                    .await;
-            });
-        }
-    });
+    let calls: Calls = Arc::default();
+    let task = tokio::spawn(spawn(listener, tls, calls.clone()));
     WebhookServer {
         port,
         ca_bundle: base64::engine::general_purpose::STANDARD.encode(ca_pem),

@@ -1,0 +1,245 @@
+//! Admission webhooks served by a pod on a real node: the webhook server
+//! (the API server tests' own, in a test image) runs behind a Service
+//! with a certificate the test made; the API server reaches it through
+//! the node; a mutating webhook labels pods, a validating one denies the
+//! pods labelled `deny` with its message, and with the webhook gone
+//! `failurePolicy: Fail` refuses writes where `Ignore` lets them through.
+#![allow(clippy::disallowed_methods)] // a test harness: short-lived commands run under the test's own timeout
+
+#[path = "../../control-plane/tests/support/webhook_server.rs"]
+mod webhook_server;
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Result};
+use base64::Engine as _;
+use skiff_tests::cluster::{wait_for, Cluster, ClusterOptions};
+use skiff_tests::images::{admission_webhook, ADMISSION_WEBHOOK_IMAGE};
+
+/// Time for anything that involves starting pods.
+const T: Duration = Duration::from_secs(120);
+
+fn indent(pem: &str) -> String {
+    pem.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+/// The webhook server: its namespace, certificate, Deployment and Service.
+fn webhook_server(cert: &str, key: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{name: webhook-system}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: webhook-tls, namespace: webhook-system}}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{cert}  tls.key: |
+{key}---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: webhook, namespace: webhook-system}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: webhook}}}}
+  template:
+    metadata: {{labels: {{app: webhook}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: webhook
+        image: {ADMISSION_WEBHOOK_IMAGE}
+        imagePullPolicy: Never
+        command: [admission-webhook, '8443', /certs/tls.crt, /certs/tls.key]
+        ports: [{{name: https, containerPort: 8443}}]
+        readinessProbe: {{tcpSocket: {{port: 8443}}, periodSeconds: 1}}
+        volumeMounts: [{{name: certs, mountPath: /certs}}]
+      volumes: [{{name: certs, secret: {{secretName: webhook-tls}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: webhook, namespace: webhook-system}}
+spec:
+  selector: {{app: webhook}}
+  ports: [{{name: https, port: 443, targetPort: https}}]
+",
+        cert = indent(cert),
+        key = indent(key),
+    )
+}
+
+/// A webhook of `kind` at `path` of the service, for pods in namespaces
+/// labelled `admission: on`.
+fn configuration(kind: &str, name: &str, path: &str, ca_bundle: &str, policy: &str) -> String {
+    format!(
+        "apiVersion: admissionregistration.k8s.io/v1
+kind: {kind}
+metadata: {{name: {name}}}
+webhooks:
+- name: {name}
+  clientConfig:
+    service: {{name: webhook, namespace: webhook-system, path: {path}}}
+    caBundle: {ca_bundle}
+  rules:
+  - {{operations: [CREATE], apiGroups: [''], apiVersions: [v1], resources: [pods]}}
+  namespaceSelector: {{matchLabels: {{admission: 'on'}}}}
+  failurePolicy: {policy}
+  sideEffects: None
+  admissionReviewVersions: [v1]
+"
+    )
+}
+
+/// `kubectl run NAME` in `apps` as a server-side dry run (admission runs,
+/// nothing is stored or started): its output or its error.
+async fn try_pod(cluster: &Cluster, name: &str, labels: &str) -> Result<Result<String, String>> {
+    let out = cluster
+        .kubectl(&[
+            "run",
+            name,
+            "-n",
+            "apps",
+            "--image=busybox",
+            "--restart=Never",
+            "--labels",
+            labels,
+            "--dry-run=server",
+            "-o",
+            "jsonpath={.metadata.labels}",
+        ])
+        .await?;
+    Ok(if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).to_string())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_served_by_a_pod_mutate_and_deny_pods() -> Result<()> {
+    let cluster = Cluster::start(1, ClusterOptions::default()).await?;
+    let image = tokio::task::spawn_blocking(admission_webhook).await??;
+    cluster.nodes()[0]
+        .containerd()
+        .images()
+        .load(&image)
+        .await?;
+    let (ca, cert, key) = webhook_server::certificate(&["webhook.webhook-system.svc"]);
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
+    cluster.apply(&webhook_server(&cert, &key)).await?;
+    cluster
+        .kubectl_ok(&[
+            "rollout",
+            "status",
+            "deployment/webhook",
+            "-n",
+            "webhook-system",
+            "--timeout=120s",
+        ])
+        .await?;
+    cluster.kubectl_ok(&["create", "namespace", "apps"]).await?;
+    cluster
+        .kubectl_ok(&["label", "namespace", "apps", "admission=on"])
+        .await?;
+    cluster
+        .apply(&configuration(
+            "MutatingWebhookConfiguration",
+            "label.test.skiff.io",
+            "/mutate",
+            &ca_bundle,
+            "Fail",
+        ))
+        .await?;
+    cluster
+        .apply(&configuration(
+            "ValidatingWebhookConfiguration",
+            "deny.test.skiff.io",
+            "/validate",
+            &ca_bundle,
+            "Fail",
+        ))
+        .await?;
+
+    // The mutating webhook labels pods (once its configuration is seen).
+    let mut n = 0;
+    let labels = wait_for("a pod labelled by the webhook", T, || {
+        n += 1;
+        let name = format!("probe-{n}");
+        let cluster = &cluster;
+        async move {
+            match try_pod(cluster, &name, "app=demo").await? {
+                Ok(labels) if labels.contains("webhook.test.skiff.io/mutated") => Ok(labels),
+                other => bail!("{other:?}"),
+            }
+        }
+    })
+    .await?;
+    ensure!(labels.contains("\"app\":\"demo\""), "{labels}");
+
+    // The validating webhook denies with its message.
+    let denied = try_pod(&cluster, "denied", "deny=yes").await?;
+    let Err(err) = denied else {
+        bail!("a pod labelled deny was admitted: {denied:?}");
+    };
+    ensure!(
+        err.contains("admission webhook \"deny.test.skiff.io\" denied the request: objects labelled deny are not allowed"),
+        "{err}"
+    );
+
+    // The webhook gone: Fail refuses, Ignore lets writes through.
+    cluster
+        .kubectl_ok(&[
+            "scale",
+            "deployment/webhook",
+            "-n",
+            "webhook-system",
+            "--replicas=0",
+        ])
+        .await?;
+    let err = wait_for("pods refused with the webhook gone", T, || {
+        let cluster = &cluster;
+        async move {
+            match try_pod(cluster, "refused", "app=demo").await? {
+                Err(e) if e.contains("failed calling webhook") => Ok(e),
+                other => bail!("{other:?}"),
+            }
+        }
+    })
+    .await?;
+    ensure!(
+        err.contains("no endpoints available for service \"webhook\""),
+        "{err}"
+    );
+    for (kind, name) in [
+        ("mutatingwebhookconfiguration", "label.test.skiff.io"),
+        ("validatingwebhookconfiguration", "deny.test.skiff.io"),
+    ] {
+        cluster
+            .kubectl_ok(&[
+                "patch",
+                kind,
+                name,
+                "--type=json",
+                "-p",
+                r#"[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Ignore"}]"#,
+            ])
+            .await?;
+    }
+    let labels = wait_for("pods admitted with failurePolicy Ignore", T, || {
+        let cluster = &cluster;
+        async move {
+            match try_pod(cluster, "ignored", "app=demo").await? {
+                Ok(labels) => Ok(labels),
+                Err(e) => bail!("{e}"),
+            }
+        }
+    })
+    .await?;
+    ensure!(
+        !labels.contains("webhook.test.skiff.io/mutated"),
+        "{labels}"
+    );
+    cluster.finish().await
+}
