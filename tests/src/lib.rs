@@ -62,6 +62,7 @@ pub mod pid1;
 pub mod python;
 pub mod rawcri;
 pub mod registry;
+pub mod webhooks;
 
 pub use containerd::{Containerd, ContainerdBuilder};
 pub use images::{OciImage, PAUSE_IMAGE, TOOLBOX_IMAGE};

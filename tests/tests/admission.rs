@@ -6,91 +6,14 @@
 //! `failurePolicy: Fail` refuses writes where `Ignore` lets them through.
 #![allow(clippy::disallowed_methods)] // a test harness: short-lived commands run under the test's own timeout
 
-#[path = "../../control-plane/tests/support/webhook_server.rs"]
-mod webhook_server;
-
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
-use base64::Engine as _;
 use skiff_tests::cluster::{wait_for, Cluster, ClusterOptions};
-use skiff_tests::images::{admission_webhook, ADMISSION_WEBHOOK_IMAGE};
+use skiff_tests::webhooks::{configuration, deploy};
 
 /// Time for anything that involves starting pods.
 const T: Duration = Duration::from_secs(120);
-
-fn indent(pem: &str) -> String {
-    pem.lines().map(|l| format!("    {l}\n")).collect()
-}
-
-/// The webhook server: its namespace, certificate, Deployment and Service.
-fn webhook_server(cert: &str, key: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Namespace
-metadata: {{name: webhook-system}}
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: webhook-tls, namespace: webhook-system}}
-type: kubernetes.io/tls
-stringData:
-  tls.crt: |
-{cert}  tls.key: |
-{key}---
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: webhook, namespace: webhook-system}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: webhook}}}}
-  template:
-    metadata: {{labels: {{app: webhook}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: webhook
-        image: {ADMISSION_WEBHOOK_IMAGE}
-        imagePullPolicy: Never
-        command: [admission-webhook, '8443', /certs/tls.crt, /certs/tls.key]
-        ports: [{{name: https, containerPort: 8443}}]
-        readinessProbe: {{tcpSocket: {{port: 8443}}, periodSeconds: 1}}
-        volumeMounts: [{{name: certs, mountPath: /certs}}]
-      volumes: [{{name: certs, secret: {{secretName: webhook-tls}}}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: webhook, namespace: webhook-system}}
-spec:
-  selector: {{app: webhook}}
-  ports: [{{name: https, port: 443, targetPort: https}}]
-",
-        cert = indent(cert),
-        key = indent(key),
-    )
-}
-
-/// A webhook of `kind` at `path` of the service, for pods in namespaces
-/// labelled `admission: on`.
-fn configuration(kind: &str, name: &str, path: &str, ca_bundle: &str, policy: &str) -> String {
-    format!(
-        "apiVersion: admissionregistration.k8s.io/v1
-kind: {kind}
-metadata: {{name: {name}}}
-webhooks:
-- name: {name}
-  clientConfig:
-    service: {{name: webhook, namespace: webhook-system, path: {path}}}
-    caBundle: {ca_bundle}
-  rules:
-  - {{operations: [CREATE], apiGroups: [''], apiVersions: [v1], resources: [pods]}}
-  namespaceSelector: {{matchLabels: {{admission: 'on'}}}}
-  failurePolicy: {policy}
-  sideEffects: None
-  admissionReviewVersions: [v1]
-"
-    )
-}
 
 /// `kubectl run NAME` in `apps` as a server-side dry run (admission runs,
 /// nothing is stored or started): its output or its error.
@@ -120,25 +43,7 @@ async fn try_pod(cluster: &Cluster, name: &str, labels: &str) -> Result<Result<S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhooks_served_by_a_pod_mutate_and_deny_pods() -> Result<()> {
     let cluster = Cluster::start(1, ClusterOptions::default()).await?;
-    let image = tokio::task::spawn_blocking(admission_webhook).await??;
-    cluster.nodes()[0]
-        .containerd()
-        .images()
-        .load(&image)
-        .await?;
-    let (ca, cert, key) = webhook_server::certificate(&["webhook.webhook-system.svc"]);
-    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
-    cluster.apply(&webhook_server(&cert, &key)).await?;
-    cluster
-        .kubectl_ok(&[
-            "rollout",
-            "status",
-            "deployment/webhook",
-            "-n",
-            "webhook-system",
-            "--timeout=120s",
-        ])
-        .await?;
+    let ca_bundle = deploy(&cluster).await?;
     cluster.kubectl_ok(&["create", "namespace", "apps"]).await?;
     cluster
         .kubectl_ok(&["label", "namespace", "apps", "admission=on"])

@@ -3,10 +3,8 @@
 //! container: `admission-webhook PORT CERT KEY` serves HTTPS on every
 //! address with the certificate and key in those PEM files.
 
-#[path = "../../../control-plane/tests/support/webhook_server.rs"]
-mod webhook_server;
-
 use anyhow::{Context, Result};
+use skiff_tests::webhooks::server as webhook_server;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {

@@ -1,6 +1,9 @@
 //! Calling a webhook: one HTTPS POST of the review, trusting only the
 //! webhook's `caBundle` (the system's roots without one), within its
 //! timeout, reading at most [`MAX_RESPONSE`] bytes of the answer.
+//! Connections are kept for the next call (a few per webhook and
+//! endpoint): a call is then one request, not a dial and a handshake or
+//! two.
 //!
 //! A `url` is dialled from here. A service's endpoint is reached through
 //! the server of the node its pod runs on (the tunnel pods/proxy uses,
@@ -8,7 +11,8 @@
 //! pod is behind it; either way the certificate is checked against the
 //! service's DNS name, `NAME.NAMESPACE.svc`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,7 +27,13 @@ use crate::apiserver::{httpproxy, ApiServer};
 /// objects, a patch of one in base64 at most a third larger.
 pub const MAX_RESPONSE: usize = 4 * crate::apiserver::MAX_BODY;
 
+/// Idle connections kept per webhook and endpoint.
+const IDLE_PER_ENDPOINT: usize = 8;
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
 /// Where the connection goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Dial {
     /// `host:port`, from this server.
     Direct(String, u16),
@@ -44,6 +54,7 @@ pub struct Post {
 
 pub struct Client {
     tls: Result<Arc<rustls::ClientConfig>, String>,
+    idle: Mutex<HashMap<Dial, Vec<Sender>>>,
 }
 
 impl Client {
@@ -52,6 +63,7 @@ impl Client {
         let ca = (!ca.is_empty()).then_some(ca);
         Client {
             tls: crate::auth::oidc::keys::tls_config(ca),
+            idle: Mutex::default(),
         }
     }
 
@@ -81,25 +93,34 @@ impl Client {
             .body(Full::new(Bytes::from(post.body)))
             .map_err(|e| failed(e.to_string()))?;
         let call = async {
-            match post.dial {
+            // A kept connection the webhook closed meanwhile fails at
+            // once: then once more on a new one (the call has no side
+            // effects, sideEffects is None or NoneOnDryRun).
+            if let Some(sender) = self.take_idle(&post.dial) {
+                match self.send(&post.dial, sender, req.clone()).await {
+                    Err(Failure::Call(_)) => {}
+                    done => return done.map_err(|e| e.message(&failed)),
+                }
+            }
+            let sender = match &post.dial {
                 Dial::Direct(host, port) => {
-                    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                    let tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
                         .await
                         .map_err(|e| failed(format!("dial tcp {host}:{port}: {e}")))?;
                     let _ = tcp.set_nodelay(true);
-                    exchange(tls, name, tcp, req)
-                        .await
-                        .map_err(|e| e.message(&failed))
+                    connect(tls, name, tcp).await
                 }
                 Dial::Tunnel { node, ip, port } => {
-                    let io = httpproxy::tunnel(api, &node, &ip, port)
+                    let io = httpproxy::tunnel(api, node, ip, *port)
                         .await
                         .map_err(|e| failed(e.message))?;
-                    exchange(tls, name, io, req)
-                        .await
-                        .map_err(|e| e.message(&failed))
+                    connect(tls, name, io).await
                 }
             }
+            .map_err(|e| e.message(&failed))?;
+            self.send(&post.dial, sender, req)
+                .await
+                .map_err(|e| e.message(&failed))
         };
         match tokio::time::timeout(post.timeout, call).await {
             Ok(r) => r,
@@ -125,13 +146,12 @@ impl Failure {
     }
 }
 
-/// TLS over `io`, then the request; the body of a 2xx answer.
-async fn exchange<T>(
+/// TLS over `io`, then an HTTP/1.1 connection on it.
+async fn connect<T>(
     tls: Arc<rustls::ClientConfig>,
     name: ServerName<'static>,
     io: T,
-    req: http::Request<Full<Bytes>>,
-) -> Result<Vec<u8>, Failure>
+) -> Result<Sender, Failure>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -139,37 +159,78 @@ where
         .connect(name, io)
         .await
         .map_err(|e| Failure::Call(format!("tls: {e}")))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| Failure::Call(e.to_string()))?;
-    // The connection ends when `sender` is dropped, after this call.
+    // The connection ends when its last sender is dropped.
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| Failure::Call(e.to_string()))?;
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), MAX_RESPONSE)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                Failure::Answer(format!(
-                    "received invalid webhook response: the response is larger than {MAX_RESPONSE} bytes"
-                ))
-            } else {
-                Failure::Call(e.to_string())
+    Ok(sender)
+}
+
+impl Client {
+    fn take_idle(&self, dial: &Dial) -> Option<Sender> {
+        let mut idle = self.idle.lock().expect("webhook connections lock");
+        let list = idle.get_mut(dial)?;
+        while let Some(s) = list.pop() {
+            if !s.is_closed() {
+                return Some(s);
             }
-        })?
-        .to_bytes();
-    if !status.is_success() {
-        let text = String::from_utf8_lossy(&body[..body.len().min(1024)]).into_owned();
-        return Err(Failure::Answer(format!(
-            "failed to call webhook: the server responded with the status code {} ({text:?})",
-            status.as_u16()
-        )));
+        }
+        None
     }
-    Ok(body.to_vec())
+
+    fn keep(&self, dial: &Dial, sender: Sender) {
+        let mut idle = self.idle.lock().expect("webhook connections lock");
+        // Endpoints come and go: forget those not called lately.
+        if idle.len() > 16 && !idle.contains_key(dial) {
+            idle.clear();
+        }
+        let list = idle.entry(dial.clone()).or_default();
+        if list.len() < IDLE_PER_ENDPOINT {
+            list.push(sender);
+        }
+    }
+
+    /// Send `req` on `sender`; the body of a 2xx answer. The connection
+    /// is kept when the answer was read whole.
+    async fn send(
+        &self,
+        dial: &Dial,
+        mut sender: Sender,
+        req: http::Request<Full<Bytes>>,
+    ) -> Result<Vec<u8>, Failure> {
+        sender
+            .ready()
+            .await
+            .map_err(|e| Failure::Call(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| Failure::Call(e.to_string()))?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), MAX_RESPONSE)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    Failure::Answer(format!(
+                        "received invalid webhook response: the response is larger than {MAX_RESPONSE} bytes"
+                    ))
+                } else {
+                    Failure::Call(e.to_string())
+                }
+            })?
+            .to_bytes();
+        self.keep(dial, sender);
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(1024)]).into_owned();
+            return Err(Failure::Answer(format!(
+                "failed to call webhook: the server responded with the status code {} ({text:?})",
+                status.as_u16()
+            )));
+        }
+        Ok(body.to_vec())
+    }
 }
