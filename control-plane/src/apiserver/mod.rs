@@ -23,6 +23,7 @@
 //! - [`audit`]: the audit log (policy, events, the log file)
 
 pub mod admission;
+pub mod admission_request;
 pub mod audit;
 pub mod authenticate;
 pub mod bootstrap;
@@ -37,6 +38,7 @@ pub mod httpproxy;
 pub mod inflight;
 pub mod ipalloc;
 pub mod limitranger;
+pub mod matching;
 pub mod model;
 pub mod nodeproxy;
 pub mod objects;

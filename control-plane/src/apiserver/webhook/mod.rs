@@ -35,13 +35,11 @@ use serde_json::{json, Value};
 use rand::Rng as _;
 
 use self::call::{Dial, Post};
-use self::hook::{Attributes, Hook, Target};
-use super::cel::expression;
-use super::handlers::is_dry_run;
+use self::hook::{Hook, Target};
+use super::admission_request::{operation, AdmissionRequest};
 use super::httpproxy;
 use super::objects;
 use super::resources;
-use super::review::user_info;
 use super::status::{ApiError, ApiResult};
 use super::{ApiServer, Req};
 use crate::store::follow::{follow, Change};
@@ -171,47 +169,15 @@ pub async fn run(api: Arc<ApiServer>) {
     tokio::join!(side(true), side(false));
 }
 
-/// The operation of a write: CREATE (no old object), UPDATE, DELETE (no
-/// new one).
-fn operation(old: Option<&Value>, new: Option<&Value>) -> &'static str {
-    match (old, new) {
-        (None, _) => "CREATE",
-        (Some(_), Some(_)) => "UPDATE",
-        (Some(_), None) => "DELETE",
-    }
-}
-
 /// What every webhook of one request shares.
 struct Call<'a> {
-    api: &'a ApiServer,
-    r: &'a Req,
-    operation: &'static str,
-    uid: String,
-    /// The namespace's labels, read once when a selector needs them.
-    namespace_labels: Option<Option<BTreeMap<String, String>>>,
-    budget: f64,
+    base: AdmissionRequest<'a>,
 }
 
 impl<'a> Call<'a> {
     fn new(api: &'a ApiServer, r: &'a Req, operation: &'static str) -> Self {
         Call {
-            api,
-            r,
-            operation,
-            uid: objects::new_uid(),
-            namespace_labels: None,
-            budget: expression::budget(),
-        }
-    }
-
-    fn attributes(&self) -> Attributes<'a> {
-        Attributes {
-            operation: self.operation,
-            group: &self.r.attrs.group,
-            version: self.r.def.version,
-            resource: &self.r.attrs.resource,
-            subresource: &self.r.attrs.subresource,
-            namespaced: self.r.def.namespaced,
+            base: AdmissionRequest::new(api, r, operation),
         }
     }
 
@@ -224,22 +190,16 @@ impl<'a> Call<'a> {
         old: Option<&Value>,
         new: Option<&Value>,
     ) -> ApiResult<Option<String>> {
-        let Some(version) = hook.matched_version(&self.attributes()) else {
+        let Some(version) = self.base.selected(&hook.matches, old, new).await? else {
             return Ok(None);
         };
-        if hook.wants_namespace() && !self.namespace_matches(hook, old, new).await? {
-            return Ok(None);
-        }
-        if !hook.object_matches(new, old) {
-            return Ok(None);
-        }
-        let request = review::request(&self.asked(&version, old, new));
+        let request = self.base.request(&version, old, new);
         let vars = [
             ("object", new.unwrap_or(&Value::Null)),
             ("oldObject", old.unwrap_or(&Value::Null)),
             ("request", &request),
         ];
-        match hook.conditions_hold(&vars, &mut self.budget) {
+        match hook.conditions_hold(&vars, &mut self.base.budget) {
             Ok(true) => Ok(Some(version)),
             Ok(false) => Ok(None),
             Err(_) if hook.ignore_failures => Ok(None),
@@ -247,73 +207,6 @@ impl<'a> Call<'a> {
                 "failed calling webhook {:?}: failed to evaluate match condition {name:?}: {why}",
                 hook.name
             ))),
-        }
-    }
-
-    /// The namespace selector: against the namespace's labels for
-    /// namespaced objects, the object's own for a Namespace; other
-    /// cluster-scoped objects always match.
-    async fn namespace_matches(
-        &mut self,
-        hook: &Hook,
-        old: Option<&Value>,
-        new: Option<&Value>,
-    ) -> ApiResult<bool> {
-        if self.r.is_resource("", "namespaces") {
-            let obj = new.or(old).unwrap_or(&Value::Null);
-            return Ok(hook.namespace_matches(Some(&hook::labels_of(obj))));
-        }
-        if !self.r.def.namespaced {
-            return Ok(true);
-        }
-        if self.namespace_labels.is_none() {
-            let ns = self.r.ns.clone().unwrap_or_default();
-            let kv = self
-                .api
-                .store
-                .get(&format!("/registry/core/namespaces/{ns}"))
-                .await
-                .map_err(ApiError::from)?;
-            let labels = kv
-                .and_then(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
-                .map(|v| hook::labels_of(&v));
-            self.namespace_labels = Some(labels);
-        }
-        Ok(hook.namespace_matches(self.namespace_labels.as_ref().and_then(Option::as_ref)))
-    }
-
-    fn asked<'v>(
-        &'v self,
-        version: &'v str,
-        old: Option<&'v Value>,
-        new: Option<&'v Value>,
-    ) -> review::Asked<'v> {
-        let def = self.r.def;
-        let a = &self.r.attrs;
-        let options_kind = match self.operation {
-            "CREATE" => "CreateOptions",
-            "UPDATE" => "UpdateOptions",
-            _ => "DeleteOptions",
-        };
-        let mut options = json!({"apiVersion": "meta.k8s.io/v1", "kind": options_kind});
-        if let Some(m) = self.r.query.0.get("fieldManager") {
-            options["fieldManager"] = json!(m);
-        }
-        review::Asked {
-            uid: &self.uid,
-            kind: [def.group, version, def.kind],
-            resource: [&a.group, version, &a.resource],
-            request_kind: [def.group, def.version, def.kind],
-            request_resource: [&a.group, def.version, &a.resource],
-            subresource: &a.subresource,
-            name: objects::name(new.or(old).unwrap_or(&Value::Null)).unwrap_or(self.r.name()),
-            namespace: self.r.ns.as_deref().unwrap_or_default(),
-            operation: self.operation,
-            user_info: user_info(&self.r.identity),
-            object: new,
-            old_object: old,
-            dry_run: is_dry_run(self.r),
-            options,
         }
     }
 
@@ -333,46 +226,53 @@ impl<'a> Call<'a> {
         let converted = |o: Option<&Value>| {
             o.map(|o| {
                 let mut o = o.clone();
-                if version != self.r.def.version {
+                if version != self.base.r.def.version {
                     o["apiVersion"] = json!(self
+                        .base
                         .r
                         .def
                         .api_version()
-                        .replace(self.r.def.version, version));
+                        .replace(self.base.r.def.version, version));
                 }
                 o
             })
         };
         let (old_v, new_v) = (converted(old), converted(new));
-        let request = review::request(&self.asked(version, old_v.as_ref(), new_v.as_ref()));
+        let request = self.base.request(version, old_v.as_ref(), new_v.as_ref());
         let body = serde_json::to_vec(&review::review(request)).unwrap_or_default();
         let result = match self.post(hook, body).await {
-            Ok(post) => hook.client.post(self.api, post).await.and_then(|bytes| {
-                review::answer(&bytes, &self.uid, hook.mutating)
-                    .map_err(|e| format!("received invalid webhook response: {e}"))
-            }),
+            Ok(post) => hook
+                .client
+                .post(self.base.api, post)
+                .await
+                .and_then(|bytes| {
+                    review::answer(&bytes, &self.base.uid, hook.mutating)
+                        .map_err(|e| format!("received invalid webhook response: {e}"))
+                }),
             Err(e) => Err(format!("failed to call webhook: {e}")),
         };
         let rejected = !matches!(&result, Ok(a) if a.allowed);
-        self.api
+        self.base
+            .api
             .webhooks
             .counters
             .duration
             .get_or_create(&DurationLabels {
                 name: hook.name.clone(),
-                operation: self.operation.into(),
+                operation: self.base.operation.into(),
                 rejected: rejected.to_string(),
                 kind: kind.clone(),
             })
             .observe(start.elapsed().as_secs_f64());
         let reject = |error_type: &'static str, code: u16| {
-            self.api
+            self.base
+                .api
                 .webhooks
                 .counters
                 .rejections
                 .get_or_create(&RejectionLabels {
                     name: hook.name.clone(),
-                    operation: self.operation.into(),
+                    operation: self.base.operation.into(),
                     error_type,
                     rejection_code: code.to_string(),
                     kind: kind.clone(),
@@ -423,7 +323,7 @@ impl<'a> Call<'a> {
                 let host = format!("{name}.{namespace}.svc");
                 let url = format!("https://{host}:{port}{path}");
                 let endpoints = httpproxy::service_endpoints(
-                    self.api,
+                    self.base.api,
                     namespace,
                     name,
                     Some(&port.to_string()),
