@@ -886,3 +886,89 @@ async fn dash_logs_to_stdout() {
     let e = found.expect("the event on stdout");
     assert_eq!(e["verb"], "list");
 }
+
+/// A ValidatingAdmissionPolicy bound with `Audit` records its failures
+/// in the request's event, and its `auditAnnotations` under the policy's
+/// name; `Warn` on the same binding warns the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_policies_annotate_the_event() {
+    let dir = tempfile::tempdir().unwrap();
+    write_policy(dir.path(), POLICY);
+    std::fs::write(
+        dir.path().join("vap.yaml"),
+        r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: audited.test.skiff.io}
+spec:
+  matchConstraints:
+    resourceRules:
+    - {apiGroups: [''], apiVersions: [v1], operations: [CREATE], resources: [configmaps]}
+  validations:
+  - expression: "!has(object.data) || !('v' in object.data) || object.data.v != 'bad'"
+    message: v must not be bad
+  auditAnnotations:
+  - key: checked
+    valueExpression: "'value ' + object.metadata.name"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: audited-binding}
+spec:
+  policyName: audited.test.skiff.io
+  validationActions: [Warn, Audit]
+"#,
+    )
+    .unwrap();
+    let s = Server::start(
+        dir,
+        &[
+            "--audit-policy-file",
+            "{dir}/policy.yaml",
+            "--audit-log-path",
+            "{dir}/audit.log",
+        ],
+        Stdio::null(),
+    )
+    .await;
+    let vap = s.path("vap.yaml").display().to_string();
+    ok(s.kubectl(&["apply", "-f", &vap]));
+    let log = s.path("audit.log");
+    // Creates until one is warned about (the policy is in force).
+    let deadline = Instant::now() + PATIENCE;
+    let mut n = 0;
+    let name = loop {
+        n += 1;
+        let name = format!("bad-{n}");
+        let out = s.kubectl(&["create", "configmap", &name, "--from-literal=v=bad"]);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        if stderr.contains("Warning: Validation failed for ValidatingAdmissionPolicy 'audited.test.skiff.io' with binding 'audited-binding': v must not be bad") {
+            break name;
+        }
+        assert!(Instant::now() < deadline, "never warned: {stderr}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let e = wait_for(&log, |e| {
+        e["objectRef"]["name"] == name.as_str()
+            && e["verb"] == "create"
+            && e["stage"] == "ResponseComplete"
+    })
+    .await;
+    let failures: Value = serde_json::from_str(
+        e["annotations"]["validation.policy.admission.k8s.io/validation_failure"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no validation_failure annotation: {e}")),
+    )
+    .unwrap();
+    assert_eq!(
+        failures,
+        json!([{"message": "v must not be bad", "policy": "audited.test.skiff.io",
+            "binding": "audited-binding", "expressionIndex": 0, "validationActions": ["Warn", "Audit"]}])
+    );
+    assert_eq!(
+        e["annotations"]["audited.test.skiff.io/checked"],
+        format!("value {name}").as_str(),
+        "{e}"
+    );
+}

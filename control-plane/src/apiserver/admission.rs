@@ -88,6 +88,7 @@ pub(crate) async fn mutate_update(
 pub(crate) async fn admit_delete(api: &ApiServer, r: &Req, old: &Value) -> ApiResult<()> {
     validate(api, r, Some(old), None).await?;
     super::webhook::mutate_delete(api, r, old).await?;
+    super::policy::validate(api, r, Some(old), None).await?;
     super::webhook::validate(api, r, Some(old), None).await?;
     Ok(())
 }
@@ -125,7 +126,8 @@ pub(crate) async fn validate(
 }
 
 /// [`validate`], then the plugins that may also warn (PodSecurity,
-/// [`super::podsecurity`], the validating webhooks); returns their
+/// [`super::podsecurity`], the ValidatingAdmissionPolicies, the
+/// validating webhooks); returns their
 /// warnings, which the verbs send as `Warning` headers with
 /// fieldValidation's.
 ///
@@ -140,6 +142,7 @@ pub(crate) async fn validate_warn(
 ) -> ApiResult<Vec<String>> {
     validate(api, r, old, new).await?;
     let mut warnings = super::podsecurity::admit(api, r, old, new).await?;
+    warnings.extend(super::policy::validate(api, r, old, new).await?);
     warnings.extend(super::webhook::validate(api, r, old, new).await?);
     // ResourceQuota last, as upstream: it charges the object, so every
     // other plugin must have let it through first.

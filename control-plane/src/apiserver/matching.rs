@@ -84,6 +84,8 @@ pub struct Constraints {
     rules: Vec<Rule>,
     exclude: Vec<Rule>,
     equivalent: bool,
+    /// No rules means every request (a binding's `matchResources`).
+    all_without_rules: bool,
     namespace_selector: LabelSelector,
     object_selector: LabelSelector,
 }
@@ -110,15 +112,19 @@ impl Constraints {
             rules: rules(rules_key),
             exclude: rules("excludeResourceRules"),
             equivalent: v["matchPolicy"].as_str() != Some("Exact"),
+            all_without_rules: false,
             namespace_selector: selector("namespaceSelector")?,
             object_selector: selector("objectSelector")?,
         })
     }
 
-    /// Whether any rule is given (a binding without `matchResources`
-    /// takes its policy's).
-    pub fn has_rules(&self) -> bool {
-        !self.rules.is_empty()
+    /// These constraints with no rules matching every request (a
+    /// binding's `matchResources` that only selects).
+    pub fn or_all(self) -> Self {
+        Constraints {
+            all_without_rules: true,
+            ..self
+        }
     }
 
     /// The version the request is seen in: the request's when a rule
@@ -128,6 +134,9 @@ impl Constraints {
     pub fn matched_version(&self, a: &Attributes) -> Option<String> {
         if self.exclude.iter().any(|r| r.matches(a, false)) {
             return None;
+        }
+        if self.rules.is_empty() && self.all_without_rules {
+            return Some(a.version.to_string());
         }
         if self.rules.iter().any(|r| r.matches(a, false)) {
             return Some(a.version.to_string());

@@ -48,6 +48,7 @@ pub mod order;
 pub mod patch;
 pub mod peers;
 pub mod podsecurity;
+pub mod policy;
 pub mod priority;
 pub mod protobuf;
 pub mod quota;
@@ -144,6 +145,8 @@ pub struct ApiServer {
     pub(crate) crds: crd::Registry,
     /// The admission webhooks configured.
     pub(crate) webhooks: webhook::Webhooks,
+    /// The ValidatingAdmissionPolicies in force.
+    pub(crate) policies: policy::Policies,
 }
 
 /// What namespace lifecycle admission last learnt of a namespace.
@@ -253,6 +256,7 @@ impl ApiServer {
             pod_security: Default::default(),
             crds: Default::default(),
             webhooks: webhook::Webhooks::new(metrics.webhooks()),
+            policies: Default::default(),
             metrics,
         })
     }
@@ -284,6 +288,7 @@ impl ApiServer {
         self.rbac.relist(self.store.as_ref()).await?;
         tokio::spawn(crd::establish::run(self.clone()));
         tokio::spawn(webhook::run(self.clone()));
+        tokio::spawn(policy::run(self.clone()));
         tokio::spawn(
             self.rbac
                 .clone()

@@ -316,6 +316,15 @@ pub static RESOURCES: &[ResourceDef] = &[
         .cluster()
         .categories(&["api-extensions"])
         .rules(&strategy::webhookconfig::VALIDATING),
+    kind::<admissionregistration::v1::ValidatingAdmissionPolicy>()
+        .cluster()
+        .categories(&["api-extensions"])
+        .with_status()
+        .rules(&strategy::admissionpolicy::Policy),
+    kind::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>()
+        .cluster()
+        .categories(&["api-extensions"])
+        .rules(&strategy::admissionpolicy::Binding),
     kind::<node::v1::RuntimeClass>()
         .cluster()
         .rules(&strategy::runtimeclass::RuntimeClass),

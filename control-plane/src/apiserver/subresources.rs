@@ -137,6 +137,9 @@ async fn scale(
         let mut warnings =
             crate::apiserver::webhook::mutate(api, r, Some(&current), &mut wanted).await?;
         warnings.extend(
+            crate::apiserver::policy::validate(api, r, Some(&current), Some(&wanted)).await?,
+        );
+        warnings.extend(
             crate::apiserver::webhook::validate(api, r, Some(&current), Some(&wanted)).await?,
         );
         let replicas = wanted["spec"]["replicas"]

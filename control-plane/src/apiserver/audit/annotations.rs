@@ -18,11 +18,11 @@ tokio::task_local! {
 /// One request's added annotations, shared between its handler (which
 /// adds) and its recorder (which writes them out).
 #[derive(Debug, Clone, Default)]
-pub struct Notes(Arc<Mutex<Vec<(&'static str, String)>>>);
+pub struct Notes(Arc<Mutex<Vec<(String, String)>>>);
 
 impl Notes {
     /// Everything added so far, in order (a later value for a key wins).
-    pub fn take(&self) -> Vec<(&'static str, String)> {
+    pub fn take(&self) -> Vec<(String, String)> {
         self.0
             .lock()
             .map(|mut v| std::mem::take(&mut *v))
@@ -37,10 +37,10 @@ pub async fn scoped<F: Future>(notes: Option<Notes>, fut: F) -> F::Output {
 }
 
 /// Add `key: value` to the current request's audit event.
-pub fn annotate(key: &'static str, value: String) {
+pub fn annotate(key: impl Into<String>, value: String) {
     let _ = NOTES.try_with(|n| {
         if let Some(Ok(mut v)) = n.as_ref().map(|n| n.0.lock()) {
-            v.push((key, value));
+            v.push((key.into(), value));
         }
     });
 }
@@ -58,7 +58,7 @@ mod tests {
         })
         .await;
         scoped(None, async { annotate("b", "2".into()) }).await;
-        assert_eq!(notes.take(), vec![("a", "1".to_string())]);
+        assert_eq!(notes.take(), vec![("a".to_string(), "1".to_string())]);
         assert!(notes.take().is_empty());
     }
 }

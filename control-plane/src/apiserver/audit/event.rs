@@ -119,7 +119,7 @@ pub struct Event {
     pub request_received_timestamp: String,
     pub stage_timestamp: String,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<&'static str, String>,
+    pub annotations: BTreeMap<String, String>,
 }
 
 pub const KIND: &str = "Event";

@@ -169,11 +169,11 @@ impl Recorder {
         let a = &mut p.event.annotations;
         match decision {
             Ok(()) => {
-                a.insert(event::DECISION, "allow".into());
+                a.insert(event::DECISION.into(), "allow".into());
             }
             Err(e) if e.code == 403 => {
-                a.insert(event::DECISION, "forbid".into());
-                a.insert(event::REASON, e.message.clone());
+                a.insert(event::DECISION.into(), "forbid".into());
+                a.insert(event::REASON.into(), e.message.clone());
             }
             Err(_) => {}
         }
@@ -298,7 +298,7 @@ impl Pending {
     fn truncated(&mut self) {
         self.event
             .annotations
-            .insert(event::TRUNCATED, "true".into());
+            .insert(event::TRUNCATED.into(), "true".into());
     }
 
     fn fill_ref(&mut self, m: &Meta) {

@@ -361,6 +361,28 @@ pub fn estimate_untyped(expr: &Expression, vars: &[(&str, Size)]) -> Result<f64,
     e.expr(expr).map(|est| est.cost)
 }
 
+/// Whether `expr` reads only fields the schemas of its variables
+/// declare (None: untyped); the first problem found.
+pub fn check_typed(expr: &Expression, vars: &[(&str, Option<&Value>)]) -> Result<(), Problem> {
+    let bounds = Observed::default();
+    let mut e = Estimator {
+        bounds: &bounds,
+        scope: vars
+            .iter()
+            .map(|(name, schema)| {
+                let est = Est {
+                    cost: 0.0,
+                    size: SCALAR,
+                    schema: *schema,
+                    resource: schema.is_some(),
+                };
+                (name.to_string(), est)
+            })
+            .collect(),
+    };
+    e.expr(expr).map(|_| ())
+}
+
 struct Estimator<'s, 'b> {
     bounds: &'b dyn Bounds,
     /// Variables in scope, innermost last.

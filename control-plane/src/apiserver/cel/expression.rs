@@ -32,6 +32,15 @@ pub fn compile(source: &str, vars: &[&str]) -> Result<Arc<Program>, String> {
     Ok(p)
 }
 
+/// The type errors of `p` when `vars` have these schemas (None:
+/// untyped), as cel-go reports them (`ERROR: <input>:1:8: undefined
+/// field 'x'`).
+pub fn type_errors(p: &Program, vars: &[(&str, Option<&Value>)]) -> Option<String> {
+    cost::check_typed(p.expression(), vars)
+        .err()
+        .map(|problem| located(p, &problem))
+}
+
 /// Run `p` over `vars`, charging its bound on these values to `budget`.
 ///
 /// # Errors

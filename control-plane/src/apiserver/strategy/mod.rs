@@ -20,12 +20,14 @@
 //!   [`csr`], [`event`], [`secret`], [`configmap`], [`rbac`],
 //!   [`serviceaccount`] (TokenRequest), [`storage`] (PersistentVolumes,
 //!   claims, StorageClasses, the CSI kinds), [`webhookconfig`] (admission
-//!   webhook configurations), and
+//!   webhook configurations), [`admissionpolicy`] (ValidatingAdmissionPolicies
+//!   and bindings), and
 //!   [`printed`] for the kinds whose only rule is how `kubectl get` prints
 //!   them.
 //! - CustomResourceDefinitions and the kinds they define have theirs in
 //!   [`super::crd`].
 
+pub mod admissionpolicy;
 pub mod componentstatus;
 pub mod configmap;
 pub mod cronjob;

@@ -27,8 +27,8 @@ pub const VALIDATING: WebhookConfiguration = WebhookConfiguration { mutating: fa
 
 pub const OPERATIONS: [&str; 4] = ["*", "CREATE", "DELETE", "UPDATE"];
 const SCOPES: [&str; 3] = ["*", "Cluster", "Namespaced"];
-const FAILURE_POLICIES: [&str; 2] = ["Fail", "Ignore"];
-const MATCH_POLICIES: [&str; 2] = ["Equivalent", "Exact"];
+pub(crate) const FAILURE_POLICIES: [&str; 2] = ["Fail", "Ignore"];
+pub(crate) const MATCH_POLICIES: [&str; 2] = ["Equivalent", "Exact"];
 const SIDE_EFFECTS: [&str; 2] = ["None", "NoneOnDryRun"];
 const REINVOCATION: [&str; 2] = ["IfNeeded", "Never"];
 /// Upstream's limit on `matchConditions` per webhook.
@@ -168,7 +168,7 @@ impl WebhookConfiguration {
             label_selector(&hook[sel], &format!("{path}.{sel}"), c);
         }
         client_config(&hook["clientConfig"], &format!("{path}.clientConfig"), c);
-        match_conditions(&hook["matchConditions"], path, c);
+        match_conditions(&hook["matchConditions"], path, &MATCH_VARIABLES, c);
     }
 }
 
@@ -180,7 +180,7 @@ fn quoted(values: &[&str]) -> String {
         .join(", ")
 }
 
-fn one_of(hook: &Value, field: &str, allowed: &[&str], path: &str, c: &mut Vec<Cause>) {
+pub(crate) fn one_of(hook: &Value, field: &str, allowed: &[&str], path: &str, c: &mut Vec<Cause>) {
     if let Some(v) = hook[field].as_str() {
         if !allowed.contains(&v) {
             c.push(Cause::not_supported(format!("{path}.{field}"), v, allowed));
@@ -189,7 +189,7 @@ fn one_of(hook: &Value, field: &str, allowed: &[&str], path: &str, c: &mut Vec<C
 }
 
 /// A rule: operations, apiGroups, apiVersions, resources, scope.
-fn rule_with_operations(rule: &Value, path: &str, c: &mut Vec<Cause>) {
+pub(crate) fn rule_with_operations(rule: &Value, path: &str, c: &mut Vec<Cause>) {
     let list = |k: &str| -> Vec<&str> {
         rule[k]
             .as_array()
@@ -333,8 +333,9 @@ fn webhook_url(url: &str, path: &str, c: &mut Vec<Cause>) {
     }
 }
 
-/// `matchConditions`: unique qualified names, expressions that compile.
-fn match_conditions(list: &Value, path: &str, c: &mut Vec<Cause>) {
+/// `matchConditions`: unique qualified names, expressions that compile
+/// for `vars`.
+pub(crate) fn match_conditions(list: &Value, path: &str, vars: &[&str], c: &mut Vec<Cause>) {
     let conds = list.as_array().map_or(&[][..], Vec::as_slice);
     if conds.len() > MAX_MATCH_CONDITIONS {
         c.push(Cause::too_many(
@@ -361,7 +362,7 @@ fn match_conditions(list: &Value, path: &str, c: &mut Vec<Cause>) {
         match cond["expression"].as_str().map(str::trim) {
             None | Some("") => c.push(Cause::required(format!("{path}.expression"))),
             Some(e) => {
-                if let Err(err) = expression::compile(e, &MATCH_VARIABLES) {
+                if let Err(err) = expression::compile(e, vars) {
                     c.push(Cause::invalid(
                         format!("{path}.expression"),
                         e,
