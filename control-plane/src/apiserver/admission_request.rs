@@ -32,7 +32,7 @@ pub struct AdmissionRequest<'a> {
     pub uid: String,
     /// The request's namespace object, once read (None inside: there is
     /// none).
-    namespace: Option<Option<Value>>,
+    namespace: Option<Option<std::sync::Arc<Value>>>,
     /// What the request's expressions may still cost.
     pub budget: f64,
 }
@@ -107,15 +107,14 @@ impl<'a> AdmissionRequest<'a> {
                 None
             } else {
                 self.api
-                    .store
-                    .get(&format!("/registry/core/namespaces/{ns}"))
+                    .namespaces
+                    .get(self.api.store.as_ref(), &ns)
                     .await
                     .map_err(ApiError::from)?
-                    .and_then(|kv| serde_json::from_slice::<Value>(&kv.value).ok())
             };
             self.namespace = Some(found);
         }
-        Ok(self.namespace.as_ref().and_then(Option::as_ref))
+        Ok(self.namespace.as_ref().and_then(|n| n.as_deref()))
     }
 
     /// The AdmissionRequest for `old` and `new` seen in `version`.

@@ -40,6 +40,7 @@ pub mod ipalloc;
 pub mod limitranger;
 pub mod matching;
 pub mod model;
+pub mod namespacecache;
 pub mod nodeproxy;
 pub mod objects;
 pub mod openapi;
@@ -147,6 +148,8 @@ pub struct ApiServer {
     pub(crate) webhooks: webhook::Webhooks,
     /// The ValidatingAdmissionPolicies in force.
     pub(crate) policies: policy::Policies,
+    /// The namespaces, for dynamic admission.
+    pub(crate) namespaces: namespacecache::NamespaceCache,
 }
 
 /// What namespace lifecycle admission last learnt of a namespace.
@@ -257,6 +260,7 @@ impl ApiServer {
             crds: Default::default(),
             webhooks: webhook::Webhooks::new(metrics.webhooks()),
             policies: Default::default(),
+            namespaces: Default::default(),
             metrics,
         })
     }
@@ -289,6 +293,12 @@ impl ApiServer {
         tokio::spawn(crd::establish::run(self.clone()));
         tokio::spawn(webhook::run(self.clone()));
         tokio::spawn(policy::run(self.clone()));
+        let api = self.clone();
+        tokio::spawn(async move {
+            api.namespaces
+                .run(api.store.as_ref(), api.shutdown.clone())
+                .await
+        });
         tokio::spawn(
             self.rbac
                 .clone()

@@ -64,18 +64,24 @@ pub fn located(program: &Program, p: &Problem) -> String {
 
 /// Whether a rule reads `oldSelf` (a transition rule).
 pub fn reads_old(e: &Expression) -> bool {
+    reads(e, "oldSelf")
+}
+
+/// Whether `e` names variable `name` anywhere.
+pub fn reads(e: &Expression, name: &str) -> bool {
+    let r = |x: &Expression| reads(x, name);
     match &e.expr {
-        Expr::Ident(n) => n == "oldSelf",
-        Expr::Select(s) => reads_old(&s.operand),
-        Expr::Call(c) => c.target.as_deref().is_some_and(reads_old) || c.args.iter().any(reads_old),
-        Expr::List(l) => l.elements.iter().any(reads_old),
+        Expr::Ident(n) => n == name,
+        Expr::Select(s) => r(&s.operand),
+        Expr::Call(c) => c.target.as_deref().is_some_and(r) || c.args.iter().any(r),
+        Expr::List(l) => l.elements.iter().any(r),
         Expr::Map(m) => m.entries.iter().any(|en| match &en.expr {
-            cel::common::ast::EntryExpr::MapEntry(me) => reads_old(&me.key) || reads_old(&me.value),
-            cel::common::ast::EntryExpr::StructField(f) => reads_old(&f.value),
+            cel::common::ast::EntryExpr::MapEntry(me) => r(&me.key) || r(&me.value),
+            cel::common::ast::EntryExpr::StructField(f) => r(&f.value),
         }),
         Expr::Struct(s) => s.entries.iter().any(|en| match &en.expr {
-            cel::common::ast::EntryExpr::MapEntry(me) => reads_old(&me.key) || reads_old(&me.value),
-            cel::common::ast::EntryExpr::StructField(f) => reads_old(&f.value),
+            cel::common::ast::EntryExpr::MapEntry(me) => r(&me.key) || r(&me.value),
+            cel::common::ast::EntryExpr::StructField(f) => r(&f.value),
         }),
         Expr::Comprehension(c) => [
             &c.iter_range,
@@ -85,7 +91,7 @@ pub fn reads_old(e: &Expression) -> bool {
             &c.result,
         ]
         .into_iter()
-        .any(reads_old),
+        .any(r),
         Expr::Literal(_) | Expr::Unspecified => false,
     }
 }

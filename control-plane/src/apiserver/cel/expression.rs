@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cel::{Context, Program, Value as Cel};
 use serde_json::Value;
 
-use super::compile::{env, located, program};
+use super::compile::{env, located, program, reads};
 use super::cost::{self, Observed, Size};
 use super::values::to_cel;
 use super::{CALL_LIMIT, REQUEST_BUDGET};
@@ -32,6 +32,11 @@ pub fn compile(source: &str, vars: &[&str]) -> Result<Arc<Program>, String> {
     Ok(p)
 }
 
+/// Whether `p` names variable `name`.
+pub fn reads_variable(p: &Program, name: &str) -> bool {
+    reads(p.expression(), name)
+}
+
 /// The type errors of `p` when `vars` have these schemas (None:
 /// untyped), as cel-go reports them (`ERROR: <input>:1:8: undefined
 /// field 'x'`).
@@ -41,17 +46,40 @@ pub fn type_errors(p: &Program, vars: &[(&str, Option<&Value>)]) -> Option<Strin
         .map(|problem| located(p, &problem))
 }
 
+/// The variables of a request's expressions, converted and measured
+/// once for all of them.
+#[derive(Clone, Default)]
+pub struct Vars {
+    vars: Vec<(String, Cel, Size)>,
+}
+
+impl Vars {
+    pub fn new(vars: &[(&str, &Value)]) -> Vars {
+        let mut out = Vars::default();
+        for (name, v) in vars {
+            out.set(name, v);
+        }
+        out
+    }
+
+    /// Set (or replace) variable `name`.
+    pub fn set(&mut self, name: &str, v: &Value) {
+        let size = Observed::default().observe(None, v, 0);
+        let cel = to_cel(None, v, false);
+        match self.vars.iter_mut().find(|(n, _, _)| n == name) {
+            Some(slot) => *slot = (name.to_string(), cel, size),
+            None => self.vars.push((name.to_string(), cel, size)),
+        }
+    }
+}
+
 /// Run `p` over `vars`, charging its bound on these values to `budget`.
 ///
 /// # Errors
 /// Upstream's messages when the expression costs too much, else the
 /// evaluation's error.
-pub fn evaluate(p: &Program, vars: &[(&str, &Value)], budget: &mut f64) -> Result<Cel, String> {
-    let mut observed = Observed::default();
-    let sized: Vec<(&str, Size)> = vars
-        .iter()
-        .map(|(name, v)| (*name, observed.observe(None, v, 0)))
-        .collect();
+pub fn evaluate(p: &Program, vars: &Vars, budget: &mut f64) -> Result<Cel, String> {
+    let sized: Vec<(&str, Size)> = vars.vars.iter().map(|(n, _, s)| (n.as_str(), *s)).collect();
     let cost =
         cost::estimate_untyped(p.expression(), &sized).map_err(|problem| located(p, &problem))?;
     if cost > CALL_LIMIT {
@@ -62,8 +90,8 @@ pub fn evaluate(p: &Program, vars: &[(&str, &Value)], budget: &mut f64) -> Resul
     }
     *budget -= cost;
     let mut ctx = Context::with_env(env());
-    for (name, v) in vars {
-        ctx.add_variable_from_value(*name, to_cel(None, v, false));
+    for (name, v, _) in &vars.vars {
+        ctx.add_variable_from_value(name.as_str(), v.clone());
     }
     p.execute(&ctx).map_err(|e| e.to_string())
 }
@@ -85,7 +113,11 @@ mod tests {
         let req = json!({"operation": "CREATE"});
         let mut b = budget();
         assert_eq!(
-            evaluate(&p, &[("object", &obj), ("request", &req)], &mut b),
+            evaluate(
+                &p,
+                &Vars::new(&[("object", &obj), ("request", &req)]),
+                &mut b
+            ),
             Ok(Cel::Bool(true))
         );
         assert!(b < budget());
@@ -102,7 +134,7 @@ mod tests {
         )
         .unwrap();
         let obj = json!({"items": (0..5000).collect::<Vec<_>>()});
-        let e = evaluate(&p, &[("object", &obj)], &mut budget()).unwrap_err();
+        let e = evaluate(&p, &Vars::new(&[("object", &obj)]), &mut budget()).unwrap_err();
         assert!(e.contains("cost limit exceeded"), "{e}");
     }
 }

@@ -31,6 +31,14 @@ pub struct Policy {
     pub checks: Vec<Check>,
     /// (key, valueExpression) of `auditAnnotations`.
     pub annotations: Vec<(String, Arc<Program>)>,
+    /// The variables its expressions read (the others are not built).
+    pub reads: Vec<&'static str>,
+}
+
+impl Policy {
+    pub fn reads(&self, name: &str) -> bool {
+        self.reads.contains(&name)
+    }
 }
 
 fn compile(v: &Value) -> Option<Arc<Program>> {
@@ -83,15 +91,35 @@ impl Policy {
                 })
             })
             .collect::<Option<Vec<_>>>()?;
+        let conditions = named(&spec["matchConditions"], "name", "expression")?;
+        let variables = named(&spec["variables"], "name", "expression")?;
+        let annotations = named(&spec["auditAnnotations"], "key", "valueExpression")?;
+        let programs: Vec<&Program> = conditions
+            .iter()
+            .chain(&variables)
+            .chain(&annotations)
+            .map(|(_, p)| p.as_ref())
+            .chain(checks.iter().map(|c| c.program.as_ref()))
+            .chain(
+                checks
+                    .iter()
+                    .filter_map(|c| c.message_expression.as_deref()),
+            )
+            .collect();
+        let reads = VARIABLES
+            .into_iter()
+            .filter(|v| programs.iter().any(|p| expression::reads_variable(p, v)))
+            .collect();
         Some(Policy {
             name: obj["metadata"]["name"].as_str()?.to_string(),
             matches: Constraints::from_json(&spec["matchConstraints"], "resourceRules")?,
             ignore_failures: spec["failurePolicy"].as_str() == Some("Ignore"),
             param_kind,
-            conditions: named(&spec["matchConditions"], "name", "expression")?,
-            variables: named(&spec["variables"], "name", "expression")?,
+            conditions,
+            variables,
             checks,
-            annotations: named(&spec["auditAnnotations"], "key", "valueExpression")?,
+            annotations,
+            reads,
         })
     }
 }

@@ -31,7 +31,7 @@ use serde_json::{json, Map, Value};
 use self::compiled::{Binding, Policy};
 use super::admission_request::{operation, AdmissionRequest};
 use super::audit;
-use super::cel::expression;
+use super::cel::expression::{self, Vars};
 use super::resources::{self, ResourceDef};
 use super::status::{ApiError, ApiResult};
 use super::webhook::hook::conditions_hold;
@@ -263,23 +263,32 @@ async fn evaluate(
         Ok(p) => p,
         Err(why) => return Ok(fail(why)),
     };
-    let request = req.request(&version, old, new);
-    let namespace = req
-        .namespace_object()
-        .await?
-        .cloned()
-        .unwrap_or(Value::Null);
+    // Only what the expressions read is built.
+    let request = match policy.reads("request") {
+        true => req.request(&version, old, new),
+        false => Value::Null,
+    };
+    let namespace = match policy.reads("namespaceObject") {
+        true => req
+            .namespace_object()
+            .await?
+            .cloned()
+            .unwrap_or(Value::Null),
+        false => Value::Null,
+    };
     let mut failures = Vec::new();
     for param in &params {
-        let empty = Value::Object(Map::new());
-        let mut vars: Vec<(&str, &Value)> = vec![
+        let no_variables = Value::Object(Map::new());
+        let all = [
             ("object", new.unwrap_or(&Value::Null)),
             ("oldObject", old.unwrap_or(&Value::Null)),
             ("request", &request),
             ("params", param.as_ref().unwrap_or(&Value::Null)),
             ("namespaceObject", &namespace),
-            ("variables", &empty),
+            ("variables", &no_variables),
         ];
+        let read: Vec<(&str, &Value)> = all.into_iter().filter(|(n, _)| policy.reads(n)).collect();
+        let mut vars = Vars::new(&read);
         match conditions_hold(&policy.conditions, &vars, &mut req.budget) {
             Ok(true) => {}
             Ok(false) => continue,
@@ -293,14 +302,12 @@ async fn evaluate(
         let mut computed = Value::Object(Map::new());
         let mut broken = None;
         for (name, p) in &policy.variables {
-            let so_far = computed.clone();
-            let mut with = vars.clone();
-            with[5] = ("variables", &so_far);
-            match expression::evaluate(p, &with, &mut req.budget)
+            match expression::evaluate(p, &vars, &mut req.budget)
                 .and_then(|v| v.json().map_err(|e| e.to_string()))
             {
                 Ok(v) => {
                     computed[name.as_str()] = v;
+                    vars.set("variables", &computed);
                 }
                 Err(e) => {
                     broken = Some(format!("variable {name:?} resulted in error: {e}"));
@@ -312,7 +319,6 @@ async fn evaluate(
             failures.extend(fail(why));
             continue;
         }
-        vars[5] = ("variables", &computed);
         for (i, check) in policy.checks.iter().enumerate() {
             match expression::evaluate(&check.program, &vars, &mut req.budget) {
                 Ok(Cel::Bool(true)) => {}
@@ -343,7 +349,7 @@ async fn evaluate(
 
 /// A failed check's message: its messageExpression's when that gives one
 /// line of text, else its message, else `failed expression: EXPR`.
-fn message(check: &compiled::Check, vars: &[(&str, &Value)], budget: &mut f64) -> String {
+fn message(check: &compiled::Check, vars: &Vars, budget: &mut f64) -> String {
     if let Some(p) = &check.message_expression {
         if let Ok(Cel::String(s)) = expression::evaluate(p, vars, budget) {
             if !s.trim().is_empty() && !s.contains('\n') {

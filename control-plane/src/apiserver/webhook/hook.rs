@@ -11,7 +11,7 @@ use cel::{Program, Value as Cel};
 use serde_json::Value;
 
 use super::call::Client;
-use crate::apiserver::cel::expression;
+use crate::apiserver::cel::expression::{self, Vars};
 use crate::apiserver::matching::Constraints;
 use crate::apiserver::strategy::webhookconfig::MATCH_VARIABLES;
 
@@ -85,13 +85,13 @@ impl Hook {
         })
     }
 
+    pub fn has_conditions(&self) -> bool {
+        !self.conditions.is_empty()
+    }
+
     /// Whether every match condition holds; the name of the condition
     /// and the error of one that cannot be evaluated.
-    pub fn conditions_hold(
-        &self,
-        vars: &[(&str, &Value)],
-        budget: &mut f64,
-    ) -> Result<bool, (String, String)> {
+    pub fn conditions_hold(&self, vars: &Vars, budget: &mut f64) -> Result<bool, (String, String)> {
         conditions_hold(&self.conditions, vars, budget)
     }
 }
@@ -101,7 +101,7 @@ impl Hook {
 /// be evaluated.
 pub fn conditions_hold(
     conditions: &[(String, Arc<Program>)],
-    vars: &[(&str, &Value)],
+    vars: &Vars,
     budget: &mut f64,
 ) -> Result<bool, (String, String)> {
     for (name, p) in conditions {

@@ -37,6 +37,7 @@ use rand::Rng as _;
 use self::call::{Dial, Post};
 use self::hook::{Hook, Target};
 use super::admission_request::{operation, AdmissionRequest};
+use super::cel::expression::Vars;
 use super::httpproxy;
 use super::objects;
 use super::resources;
@@ -193,12 +194,15 @@ impl<'a> Call<'a> {
         let Some(version) = self.base.selected(&hook.matches, old, new).await? else {
             return Ok(None);
         };
+        if !hook.has_conditions() {
+            return Ok(Some(version));
+        }
         let request = self.base.request(&version, old, new);
-        let vars = [
+        let vars = Vars::new(&[
             ("object", new.unwrap_or(&Value::Null)),
             ("oldObject", old.unwrap_or(&Value::Null)),
             ("request", &request),
-        ];
+        ]);
         match hook.conditions_hold(&vars, &mut self.base.budget) {
             Ok(true) => Ok(Some(version)),
             Ok(false) => Ok(None),
