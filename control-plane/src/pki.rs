@@ -95,13 +95,32 @@ impl Pki {
     /// # Errors
     /// The directory cannot be written, or the stored CA cannot be parsed.
     pub fn load_or_create(data_dir: &Path) -> Result<Pki> {
+        Pki::named(data_dir, "ca", "skiff-ca")
+    }
+
+    /// The front-proxy CA (`DATA_DIR/pki/front-proxy-ca.*`, created on
+    /// first start): it signs only the certificate the API server shows
+    /// aggregated API servers, which trust the `X-Remote-*` headers of
+    /// requests that present it. A CA of its own, so that no client
+    /// certificate of the cluster CA can claim an identity in headers.
+    ///
+    /// # Errors
+    /// As [`Pki::load_or_create`].
+    pub fn front_proxy(data_dir: &Path) -> Result<Pki> {
+        Pki::named(data_dir, "front-proxy-ca", "skiff-front-proxy-ca")
+    }
+
+    fn named(data_dir: &Path, stem: &str, common_name: &str) -> Result<Pki> {
         let dir = data_dir.join("pki");
         std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
             what: "creating",
             path: dir.display().to_string(),
             source,
         })?;
-        let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+        let (crt, key) = (
+            dir.join(format!("{stem}.crt")),
+            dir.join(format!("{stem}.key")),
+        );
         if crt.exists() && key.exists() {
             let pki = Pki {
                 ca_pem: read_file(&crt)?,
@@ -115,7 +134,7 @@ impl Pki {
         let mut params =
             CertificateParams::new(Vec::<String>::new()).map_err(cert_err("CA parameters"))?;
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "skiff-ca");
+        dn.push(DnType::CommonName, common_name);
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
@@ -129,7 +148,7 @@ impl Pki {
             .map_err(cert_err("self-signing the CA"))?;
         write_file(&key, &kp.serialize_pem(), true)?;
         write_file(&crt, &cert.pem(), false)?;
-        tracing::info!(dir = %dir.display(), "created cluster CA");
+        tracing::info!(dir = %dir.display(), ca = stem, "created CA");
         Ok(Pki {
             dir,
             ca_pem: cert.pem(),

@@ -269,6 +269,11 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     api.set_kubelet_client(&pki.kubelet_client_cert()?)
         .map_err(|e| Error::Tls(format!("kubelet client certificate: {e}")))?;
     api.set_cluster_ca(pki.ca_pem());
+    let front_proxy = Pki::front_proxy(&cfg.data_dir)?;
+    api.aggregator.set_front_proxy(
+        front_proxy.ca_pem(),
+        front_proxy.client_cert(crate::apiserver::aggregator::FRONT_PROXY_CLIENT, &[])?,
+    );
     api.set_pod_security(pod_security);
     let sa_tokens = Arc::new(crate::auth::satoken::Tokens::load(&cfg.service_accounts)?);
     api.set_service_account_tokens(sa_tokens);

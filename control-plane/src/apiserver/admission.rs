@@ -62,7 +62,7 @@ pub(crate) async fn mutate_create(
         super::runtimeclass::admit_create(api, obj).await?;
     }
     super::storageadmission::mutate_create(api, r, obj).await?;
-    super::webhook::mutate(api, r, None, obj).await
+    Box::pin(super::webhook::mutate(api, r, None, obj)).await
 }
 
 /// Mutating admission of an update (the built-in plugins mutate only
@@ -76,7 +76,7 @@ pub(crate) async fn mutate_update(
     old: &Value,
     new: &mut Value,
 ) -> ApiResult<Vec<String>> {
-    super::webhook::mutate(api, r, Some(old), new).await
+    Box::pin(super::webhook::mutate(api, r, Some(old), new)).await
 }
 
 /// Admission of a delete: the built-in validating plugins, then the
@@ -87,9 +87,9 @@ pub(crate) async fn mutate_update(
 /// As [`validate`]; a webhook's denial or failure.
 pub(crate) async fn admit_delete(api: &ApiServer, r: &Req, old: &Value) -> ApiResult<()> {
     validate(api, r, Some(old), None).await?;
-    super::webhook::mutate_delete(api, r, old).await?;
-    super::policy::validate(api, r, Some(old), None).await?;
-    super::webhook::validate(api, r, Some(old), None).await?;
+    Box::pin(super::webhook::mutate_delete(api, r, old)).await?;
+    Box::pin(super::policy::validate(api, r, Some(old), None)).await?;
+    Box::pin(super::webhook::validate(api, r, Some(old), None)).await?;
     Ok(())
 }
 
@@ -142,8 +142,10 @@ pub(crate) async fn validate_warn(
 ) -> ApiResult<Vec<String>> {
     validate(api, r, old, new).await?;
     let mut warnings = super::podsecurity::admit(api, r, old, new).await?;
-    warnings.extend(super::policy::validate(api, r, old, new).await?);
-    warnings.extend(super::webhook::validate(api, r, old, new).await?);
+    // Boxed: dynamic admission's futures are large, and kept off the
+    // stack of every write.
+    warnings.extend(Box::pin(super::policy::validate(api, r, old, new)).await?);
+    warnings.extend(Box::pin(super::webhook::validate(api, r, old, new)).await?);
     // ResourceQuota last, as upstream: it charges the object, so every
     // other plugin must have let it through first.
     if let Some(new) = new {

@@ -14,7 +14,7 @@ use crate::auth::bootstrap;
 
 pub const NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 
-pub(super) fn system_req(group: &str, plural: &str, ns: Option<&str>) -> Req {
+pub(crate) fn system_req(group: &str, plural: &str, ns: Option<&str>) -> Req {
     let def = lookup(group, "v1", plural).expect("bootstrap kinds are served");
     Req::system(def, "create", ns.map(String::from), None)
 }
@@ -130,7 +130,7 @@ async fn kubernetes_service(api: &Arc<ApiServer>) -> ApiResult<()> {
 /// start: the objects must point at this server again (upstream's
 /// bootstrap controller reconciles them the same way). A concurrent
 /// writer wins; the next start corrects it.
-pub(super) async fn ensure_fields(
+pub(crate) async fn ensure_fields(
     api: &ApiServer,
     r: &Req,
     key: &str,

@@ -24,6 +24,7 @@
 
 pub mod admission;
 pub mod admission_request;
+pub mod aggregator;
 pub mod audit;
 pub mod authenticate;
 pub mod bootstrap;
@@ -150,6 +151,8 @@ pub struct ApiServer {
     pub(crate) policies: policy::Policies,
     /// The namespaces, for dynamic admission.
     pub(crate) namespaces: namespacecache::NamespaceCache,
+    /// The APIServices: aggregated group versions and their backends.
+    pub aggregator: aggregator::Aggregator,
 }
 
 /// What namespace lifecycle admission last learnt of a namespace.
@@ -261,6 +264,7 @@ impl ApiServer {
             webhooks: webhook::Webhooks::new(metrics.webhooks()),
             policies: Default::default(),
             namespaces: Default::default(),
+            aggregator: Default::default(),
             metrics,
         })
     }
@@ -293,6 +297,7 @@ impl ApiServer {
         tokio::spawn(crd::establish::run(self.clone()));
         tokio::spawn(webhook::run(self.clone()));
         tokio::spawn(policy::run(self.clone()));
+        tokio::spawn(aggregator::run(self.clone()));
         let api = self.clone();
         tokio::spawn(async move {
             api.namespaces
@@ -471,6 +476,16 @@ impl ApiServer {
         let decision = self.authorize(&identity, &attrs).await;
         audit.authorized(&decision);
         decision?;
+        // An aggregated group version goes to its backend, authorized
+        // here and authenticated by the headers it is sent.
+        let aggregated = match &target {
+            Target::Resource(p) => self.aggregator.backend(&p.group, &p.version),
+            Target::GroupVersion { group, version } => self.aggregator.backend(group, version),
+            _ => None,
+        };
+        if let Some(backend) = aggregated {
+            return aggregator::proxy::forward_boxed(self, backend, identity, parts, body).await;
+        }
         match target {
             Target::Resource(p) => {
                 let def = self
@@ -510,15 +525,22 @@ impl ApiServer {
                 ))
             }
             Target::Groups if discovery::wants_aggregated(accept(&parts.headers)) => {
+                let mut list = discovery::aggregated(&self.crds, false);
+                self.aggregator.merge_aggregated(&mut list);
                 Ok(json_response_ct(
                     200,
-                    &discovery::aggregated(&self.crds, false),
+                    &list,
                     discovery::AGGREGATED_CONTENT_TYPE,
                 ))
             }
             Target::CoreVersions => Ok(json_response(200, &discovery::core_versions())),
-            Target::Groups => Ok(json_response(200, &discovery::groups(&self.crds))),
+            Target::Groups => {
+                let mut list = discovery::groups(&self.crds);
+                self.aggregator.merge_groups(&mut list);
+                Ok(json_response(200, &list))
+            }
             Target::Group(g) => discovery::group(&self.crds, &g)
+                .or_else(|| self.aggregator.group(&g))
                 .map(|v| json_response(200, &v))
                 .ok_or_else(|| ApiError::not_found_path(path)),
             Target::GroupVersion { group, version } => {

@@ -86,7 +86,43 @@ pub fn decode_typed(
 /// model refuses, or one with fields the model lacks go the general way
 /// ([`decode_typed`]), which words their errors and warnings.
 pub fn decode_json_body(def: &ResourceDef, body: &[u8]) -> Option<Value> {
+    // Deeply nested text goes the general way, whose untyped parse stops
+    // at serde_json's depth limit cheaply: typed decoding recurses through
+    // many more frames per level.
+    if nesting(body) > FAST_PATH_DEPTH {
+        return None;
+    }
     def.model?.canonical_json(body)
+}
+
+/// The deepest nesting [`decode_json_body`] decodes straight into a
+/// model (real objects rarely pass 20).
+const FAST_PATH_DEPTH: usize = 48;
+
+/// How deeply arrays and objects nest in JSON text (strings skipped).
+fn nesting(body: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// Paths of the fields a JSON text names twice in one object
@@ -277,6 +313,13 @@ mod tests {
         );
         let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": 5}});
         assert!(decode_typed(pods, &bad).is_err());
+    }
+
+    #[test]
+    fn nesting_skips_strings() {
+        assert_eq!(nesting(br#"{"a": [1, {"b": "{{[["}], "c": "\"{"}"#), 3);
+        assert_eq!(nesting(b"[]"), 1);
+        assert_eq!(nesting(b"1"), 0);
     }
 
     #[test]

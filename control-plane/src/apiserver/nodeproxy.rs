@@ -262,7 +262,7 @@ pub(super) async fn forward(
 }
 
 /// `host:port`, with an IPv6 address in brackets.
-pub(super) fn authority(host: &str, port: u16) -> String {
+pub(crate) fn authority(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -294,7 +294,7 @@ pub(super) async fn connect(
 
 /// Send the request for `target` over `io` and relay the answer; a 101
 /// splices the caller's upgraded connection with `io`'s.
-pub(super) async fn exchange<T>(
+pub(crate) async fn exchange<T>(
     io: T,
     authority: &str,
     target: &str,
@@ -365,7 +365,7 @@ pub(super) fn insecure_tls() -> Result<Arc<rustls::ClientConfig>, rustls::Error>
 /// Accepts any server certificate (see the module's caveats); signatures
 /// are still checked so that the handshake itself is sound.
 #[derive(Debug)]
-struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+pub(super) struct AnyServer(pub(super) Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::client::danger::ServerCertVerifier for AnyServer {
     fn verify_server_cert(

@@ -9,6 +9,7 @@ use k8s_openapi::api::{
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 
 use super::crd;
 use super::model::{Model, Typed};
@@ -325,6 +326,11 @@ pub static RESOURCES: &[ResourceDef] = &[
         .cluster()
         .categories(&["api-extensions"])
         .rules(&strategy::admissionpolicy::Binding),
+    kind::<APIService>()
+        .cluster()
+        .categories(&["api-extensions"])
+        .with_status()
+        .rules(&strategy::apiservice::ApiService),
     kind::<node::v1::RuntimeClass>()
         .cluster()
         .rules(&strategy::runtimeclass::RuntimeClass),

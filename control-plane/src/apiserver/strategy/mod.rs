@@ -21,13 +21,14 @@
 //!   [`serviceaccount`] (TokenRequest), [`storage`] (PersistentVolumes,
 //!   claims, StorageClasses, the CSI kinds), [`webhookconfig`] (admission
 //!   webhook configurations), [`admissionpolicy`] (ValidatingAdmissionPolicies
-//!   and bindings), and
+//!   and bindings), [`apiservice`] (aggregated APIs), and
 //!   [`printed`] for the kinds whose only rule is how `kubectl get` prints
 //!   them.
 //! - CustomResourceDefinitions and the kinds they define have theirs in
 //!   [`super::crd`].
 
 pub mod admissionpolicy;
+pub mod apiservice;
 pub mod componentstatus;
 pub mod configmap;
 pub mod cronjob;

@@ -227,6 +227,21 @@ async fn get_json_inner(tls: &Arc<rustls::ClientConfig>, url: &str) -> Result<Va
 /// # Errors
 /// The bundle does not parse, or no system roots are found.
 pub fn tls_config(ca_pem: Option<&[u8]>) -> Result<Arc<rustls::ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots(ca_pem)?)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// The certificates of `ca_pem` when given, else the system's roots.
+///
+/// # Errors
+/// The bundle does not parse, or no system roots are found.
+pub fn roots(ca_pem: Option<&[u8]>) -> Result<rustls::RootCertStore, String> {
     use rustls::pki_types::{pem::PemObject as _, CertificateDer};
     let mut roots = rustls::RootCertStore::empty();
     match ca_pem {
@@ -250,14 +265,7 @@ pub fn tls_config(ca_pem: Option<&[u8]>) -> Result<Arc<rustls::ClientConfig>, St
             }
         }
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok(roots)
 }
 
 /// The host's trusted roots: `SSL_CERT_FILE`, else the usual bundle paths.
