@@ -500,6 +500,58 @@ webhooks:
         "{stored}"
     );
 
+    // Reinvocation: a webhook with IfNeeded that ran before another's
+    // change is asked again, and sees it. Configurations run in name
+    // order: the annotating one ("a-...") before the labelling one.
+    ok(s.kubectl(&[
+        "delete",
+        "mutatingwebhookconfiguration",
+        "svc.test.skiff.io",
+    ]));
+    for (name, path, extra) in [
+        (
+            "a-annotate.test.skiff.io",
+            "/annotate",
+            "  reinvocationPolicy: IfNeeded\n",
+        ),
+        ("b-label.test.skiff.io", "/mutate", ""),
+    ] {
+        ok(s.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &config(
+                "MutatingWebhookConfiguration",
+                name,
+                &hooks,
+                path,
+                "secrets",
+                extra,
+            ),
+        ));
+    }
+    let mut n = 0;
+    let mut last = Value::Null;
+    let reinvoked = eventually(Duration::from_secs(15), || {
+        n += 1;
+        let out = s.kubectl(&[
+            "create",
+            "secret",
+            "generic",
+            &format!("again-{n}"),
+            "-n",
+            "webhooks",
+            "-o",
+            "json",
+            "--from-literal=a=b",
+        ]);
+        last = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        // One label: the labelling webhook's, seen by the second call.
+        let hit = last["metadata"]["annotations"]["webhook.test.skiff.io/labels"] == "1"
+            && last["metadata"]["labels"]["webhook.test.skiff.io/mutated"] == "true";
+        async move { hit }
+    })
+    .await;
+    assert!(reinvoked, "never reinvoked: {last}");
+
     // The server kept serving through all of it.
     ok(s.kubectl(&["get", "--raw", "/readyz"]));
 }

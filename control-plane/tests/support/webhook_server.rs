@@ -64,6 +64,7 @@ fn patch(ops: Value) -> String {
 
 /// The answer of the webhook at `path` to `request`:
 /// - `/mutate`: labels the object `webhook.test.skiff.io/mutated: "true"`.
+/// - `/annotate`: annotates it with how many labels it has.
 /// - `/validate`: denies objects labelled `deny`, deletes of objects
 ///   labelled `protect`; warns about everything else.
 /// - `/garbage`: not JSON. `/bad-patch`: a patch that cannot apply.
@@ -78,6 +79,17 @@ async fn answer(path: &str, request: &Value) -> Bytes {
                 json!([{"op": "add", "path": "/metadata/labels/webhook.test.skiff.io~1mutated", "value": "true"}])
             } else {
                 json!([{"op": "add", "path": "/metadata/labels", "value": {"webhook.test.skiff.io/mutated": "true"}}])
+            };
+            reviewed(
+                json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": patch(ops)}),
+            )
+        }
+        "/annotate" => {
+            let n = obj["metadata"]["labels"].as_object().map_or(0, |l| l.len());
+            let ops = if obj["metadata"]["annotations"].is_object() {
+                json!([{"op": "add", "path": "/metadata/annotations/webhook.test.skiff.io~1labels", "value": n.to_string()}])
+            } else {
+                json!([{"op": "add", "path": "/metadata/annotations", "value": {"webhook.test.skiff.io/labels": n.to_string()}}])
             };
             reviewed(
                 json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": patch(ops)}),
