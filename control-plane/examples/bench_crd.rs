@@ -17,14 +17,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Parser;
-use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value};
-use skiff_control_plane::store::bench::percentile;
+use skiff_control_plane::store::bench::{percentile, timed};
 use skiff_control_plane::testkit::TestServer;
 
 #[derive(Parser, Debug)]
@@ -85,24 +84,6 @@ async fn established(crds: &Api<CustomResourceDefinition>, name: &str) -> anyhow
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// Seconds to create `n` objects made by `make` through `create`, at `c` at once.
-async fn timed<F, Fut>(n: usize, c: usize, create: F) -> anyhow::Result<f64>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<(), kube::Error>>,
-{
-    let start = Instant::now();
-    let results: Vec<_> = stream::iter(0..n)
-        .map(&create)
-        .buffer_unordered(c)
-        .collect()
-        .await;
-    for r in results {
-        r.context("create")?;
-    }
-    Ok(start.elapsed().as_secs_f64())
 }
 
 #[tokio::main]

@@ -25,6 +25,15 @@ pub fn operation(old: Option<&Value>, new: Option<&Value>) -> &'static str {
     }
 }
 
+/// Writes dynamic admission never sees: the admission configurations
+/// themselves (a broken webhook or policy cannot lock its own fix out),
+/// and the write of a `scale` request to its parent (webhooks and
+/// policies saw the Scale, see [`super::subresources`]).
+pub fn exempt(r: &Req) -> bool {
+    r.attrs.group == "admissionregistration.k8s.io"
+        || (r.attrs.subresource == "scale" && r.sub.is_none())
+}
+
 pub struct AdmissionRequest<'a> {
     pub api: &'a ApiServer,
     pub r: &'a Req,

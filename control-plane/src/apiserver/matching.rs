@@ -32,7 +32,8 @@ pub struct Rule {
     scope: String,
 }
 
-fn strings(v: &Value) -> Vec<String> {
+/// The strings of a JSON list (others skipped).
+pub fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .into_iter()
         .flatten()

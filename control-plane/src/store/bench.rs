@@ -81,3 +81,23 @@ pub fn percentile(latencies: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 - 1.0) * p.clamp(0.0, 1.0)).round() as usize;
     sorted[idx]
 }
+
+/// Seconds to run `create(0..n)`, `c` at once; the first error, if any.
+///
+/// # Errors
+/// The first of `create`'s errors.
+pub async fn timed<F, Fut, E>(n: usize, c: usize, create: F) -> Result<f64, E>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+{
+    use futures::StreamExt;
+    let start = Instant::now();
+    let results: Vec<_> = futures::stream::iter(0..n)
+        .map(&create)
+        .buffer_unordered(c)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>, E>>()?;
+    Ok(start.elapsed().as_secs_f64())
+}

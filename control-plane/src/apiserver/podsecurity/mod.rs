@@ -25,6 +25,7 @@ pub mod checks;
 pub mod config;
 pub mod level;
 
+use crate::apiserver::matching::labels_of;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::{json, Value};
@@ -146,16 +147,7 @@ async fn namespace_labels(api: &ApiServer, ns: &str) -> BTreeMap<String, String>
         return BTreeMap::new();
     };
     let v: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
-    labels(&v)
-}
-
-fn labels(obj: &Value) -> BTreeMap<String, String> {
-    obj["metadata"]["labels"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-        .collect()
+    labels_of(&v)
 }
 
 /// Check one pod (or, `enforce` false, a workload's pod template) against
@@ -273,7 +265,7 @@ async fn namespace(
     new: &Value,
 ) -> ApiResult<Vec<String>> {
     let name = objects::name(new).unwrap_or(r.name()).to_string();
-    let new_labels = labels(new);
+    let new_labels = labels_of(new);
     let (policy, errs) = Policy::from_labels(&new_labels, cfg.defaults);
     let invalid = || {
         let causes = errs
@@ -291,7 +283,7 @@ async fn namespace(
             .into_iter()
             .collect());
     };
-    let (old_policy, old_errs) = Policy::from_labels(&labels(old), cfg.defaults);
+    let (old_policy, old_errs) = Policy::from_labels(&labels_of(old), cfg.defaults);
     if !errs.is_empty() && (old_errs.is_empty() || old_errs != errs) {
         return Err(invalid());
     }

@@ -29,7 +29,7 @@ use cel::Value as Cel;
 use serde_json::{json, Map, Value};
 
 use self::compiled::{Binding, Policy};
-use super::admission_request::{operation, AdmissionRequest};
+use super::admission_request::{exempt, operation, AdmissionRequest};
 use super::audit;
 use super::cel::expression::{self, Vars};
 use super::resources::{self, ResourceDef};
@@ -149,14 +149,6 @@ pub async fn run(api: Arc<ApiServer>) {
         },
     );
     tokio::join!(policies, bindings, typecheck::run(api.clone()));
-}
-
-/// Writes no policy sees: the admission configurations themselves, and
-/// the write of a `scale` request to its parent (the policies saw the
-/// Scale).
-fn exempt(r: &Req) -> bool {
-    r.attrs.group == "admissionregistration.k8s.io"
-        || (r.attrs.subresource == "scale" && r.sub.is_none())
 }
 
 /// A failed validation.

@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 
 use crate::apiserver::cel::expression;
 use crate::apiserver::handlers::{get_object, write_update, Attempt};
+use crate::apiserver::matching::strings;
 use crate::apiserver::openapi;
 use crate::apiserver::resources::{self, ResourceDef};
 use crate::apiserver::strategy::admissionpolicy::VARIABLES;
@@ -168,14 +169,6 @@ pub fn check(api: &ApiServer, policy: &Value) -> Vec<Value> {
 /// exactly.
 fn checked_kinds(api: &ApiServer, spec: &Value) -> Vec<(String, Value)> {
     let mut out: Vec<(String, Value)> = Vec::new();
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(String::from)
-            .collect()
-    };
     for rule in spec["matchConstraints"]["resourceRules"]
         .as_array()
         .into_iter()

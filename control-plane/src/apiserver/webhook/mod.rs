@@ -36,7 +36,7 @@ use rand::Rng as _;
 
 use self::call::{Dial, Post};
 use self::hook::{Hook, Target};
-use super::admission_request::{operation, AdmissionRequest};
+use super::admission_request::{exempt, operation, AdmissionRequest};
 use super::cel::expression::Vars;
 use super::httpproxy;
 use super::objects;
@@ -543,12 +543,4 @@ pub(crate) async fn validate(
         }
     }
     Ok(warnings)
-}
-
-/// Writes no webhook sees: the admission configurations themselves, and
-/// the write of a `scale` request to its parent (the webhooks were asked
-/// about the Scale, see [`super::subresources`]).
-fn exempt(r: &Req) -> bool {
-    r.attrs.group == "admissionregistration.k8s.io"
-        || (r.attrs.subresource == "scale" && r.sub.is_none())
 }
