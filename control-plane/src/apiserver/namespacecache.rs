@@ -4,19 +4,19 @@
 //! not read its namespace from the store each time. A namespace not in
 //! the copy yet (just created) is read from the store.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 
-use crate::store::follow::{follow, Change};
+use crate::store::follow::follow;
 use crate::store::Store;
 
 const PREFIX: &str = "/registry/core/namespaces/";
 
 #[derive(Default)]
 pub struct NamespaceCache {
-    by_key: RwLock<HashMap<String, Arc<Value>>>,
+    by_key: RwLock<BTreeMap<String, Arc<Value>>>,
 }
 
 impl NamespaceCache {
@@ -46,23 +46,10 @@ impl NamespaceCache {
     pub async fn run(&self, store: &dyn Store, shutdown: tokio::sync::watch::Receiver<bool>) {
         let parse = |v: &[u8]| serde_json::from_slice::<Value>(v).ok().map(Arc::new);
         follow(store, PREFIX, shutdown, "namespaces", |change| {
-            let mut m = self.by_key.write().unwrap_or_else(|p| p.into_inner());
-            match change {
-                Change::Reset(kvs) => {
-                    *m = kvs
-                        .iter()
-                        .filter_map(|kv| Some((kv.key.clone(), parse(&kv.value)?)))
-                        .collect();
-                }
-                Change::Put(kv) => {
-                    if let Some(v) = parse(&kv.value) {
-                        m.insert(kv.key, v);
-                    }
-                }
-                Change::Delete(key) => {
-                    m.remove(&key);
-                }
-            }
+            change.apply_to(
+                &mut self.by_key.write().unwrap_or_else(|p| p.into_inner()),
+                parse,
+            );
         })
         .await;
     }

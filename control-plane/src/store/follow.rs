@@ -4,6 +4,8 @@
 //! request (RBAC, admission webhook configurations) are kept by it, as
 //! upstream's are by informers.
 
+use std::collections::BTreeMap;
+
 use futures::StreamExt;
 use tokio::sync::watch;
 
@@ -16,6 +18,32 @@ pub enum Change {
     Put(KeyValue),
     /// The key of a deleted value.
     Delete(String),
+}
+
+impl Change {
+    /// Bring `copy` (values by store key) up to date: each stored value
+    /// `parse`d, one that does not parse left out.
+    pub fn apply_to<T>(self, copy: &mut BTreeMap<String, T>, parse: impl Fn(&[u8]) -> Option<T>) {
+        match self {
+            Change::Reset(kvs) => {
+                *copy = kvs
+                    .into_iter()
+                    .filter_map(|kv| Some((kv.key, parse(&kv.value)?)))
+                    .collect();
+            }
+            Change::Put(kv) => match parse(&kv.value) {
+                Some(v) => {
+                    copy.insert(kv.key, v);
+                }
+                None => {
+                    copy.remove(&kv.key);
+                }
+            },
+            Change::Delete(key) => {
+                copy.remove(&key);
+            }
+        }
+    }
 }
 
 /// Feed `apply` with every change under `prefix` until `shutdown` fires.

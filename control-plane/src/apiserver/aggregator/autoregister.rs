@@ -14,7 +14,7 @@ use super::{def, EXTRA_PREFIX, FRONT_PROXY_CLIENT, GROUP_HEADER, USER_HEADER};
 use crate::apiserver::handlers::{create_value, delete_one, DeleteOptions};
 use crate::apiserver::resources::{self, RESOURCES};
 use crate::apiserver::{ApiServer, Req};
-use crate::store::follow::{follow, Change};
+use crate::store::follow::follow;
 
 const AUTOMANAGED: &str = "kube-aggregator.kubernetes.io/automanaged";
 
@@ -77,23 +77,7 @@ pub async fn run(api: Arc<ApiServer>) {
         api.shutdown.clone(),
         "apiservice registration",
         |change| {
-            let parse = |v: &[u8]| serde_json::from_slice::<Value>(v).ok();
-            match change {
-                Change::Reset(kvs) => {
-                    crds = kvs
-                        .iter()
-                        .filter_map(|kv| Some((kv.key.clone(), parse(&kv.value)?)))
-                        .collect()
-                }
-                Change::Put(kv) => {
-                    if let Some(v) = parse(&kv.value) {
-                        crds.insert(kv.key, v);
-                    }
-                }
-                Change::Delete(key) => {
-                    crds.remove(&key);
-                }
-            }
+            change.apply_to(&mut crds, |v| serde_json::from_slice::<Value>(v).ok());
             let wanted = crds
                 .values()
                 .flat_map(|crd| {

@@ -223,31 +223,19 @@ pub async fn run(api: Arc<ApiServer>) {
         "apiservices",
         |change| {
             let parse = |v: &[u8]| serde_json::from_slice::<Value>(v).ok();
-            match change {
-                Change::Reset(kvs) => {
-                    by_key = kvs
-                        .iter()
-                        .filter_map(|kv| {
-                            let b = api.aggregator.backend_of(&parse(&kv.value)?)?;
-                            Some((kv.key.clone(), Arc::new(b)))
-                        })
-                        .collect();
-                }
-                Change::Put(kv) => {
-                    let obj = parse(&kv.value).unwrap_or_default();
-                    // A status write keeps the backend (and its discovery).
-                    if by_key.get(&kv.key).is_some_and(|b| b.spec == obj["spec"]) {
-                        return;
-                    }
-                    match api.aggregator.backend_of(&obj) {
-                        Some(b) => by_key.insert(kv.key, Arc::new(b)),
-                        None => by_key.remove(&kv.key),
-                    };
-                }
-                Change::Delete(key) => {
-                    by_key.remove(&key);
+            // A status write keeps the backend (and its discovery).
+            if let Change::Put(kv) = &change {
+                let spec = parse(&kv.value).map(|o| o["spec"].clone());
+                if by_key
+                    .get(&kv.key)
+                    .is_some_and(|b| Some(&b.spec) == spec.as_ref())
+                {
+                    return;
                 }
             }
+            change.apply_to(&mut by_key, |v| {
+                api.aggregator.backend_of(&parse(v)?).map(Arc::new)
+            });
             let by_gv = by_key
                 .values()
                 .map(|b| ((b.group.clone(), b.version.clone()), b.clone()))

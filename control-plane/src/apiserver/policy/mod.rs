@@ -95,26 +95,7 @@ fn apply<T>(
             .and_then(|v| build(&v))
             .map(Arc::new)
     };
-    let mut map = map.lock().expect("policy map lock");
-    match change {
-        Change::Reset(kvs) => {
-            *map = kvs
-                .iter()
-                .filter_map(|kv| Some((kv.key.clone(), parse(&kv.value)?)))
-                .collect();
-        }
-        Change::Put(kv) => match parse(&kv.value) {
-            Some(v) => {
-                map.insert(kv.key, v);
-            }
-            None => {
-                map.remove(&kv.key);
-            }
-        },
-        Change::Delete(key) => {
-            map.remove(&key);
-        }
-    }
+    change.apply_to(&mut map.lock().expect("policy map lock"), parse);
 }
 
 /// Follow policies and bindings until the server shuts down, and keep

@@ -43,7 +43,7 @@ use super::objects;
 use super::resources;
 use super::status::{ApiError, ApiResult};
 use super::{ApiServer, Req};
-use crate::store::follow::{follow, Change};
+use crate::store::follow::follow;
 
 /// `apiserver_admission_webhook_admission_duration_seconds` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -147,20 +147,7 @@ pub async fn run(api: Arc<ApiServer>) {
                 api.shutdown.clone(),
                 plural,
                 |change| {
-                    match change {
-                        Change::Reset(kvs) => {
-                            configs = kvs
-                                .iter()
-                                .map(|kv| (kv.key.clone(), hooks_of(&kv.value)))
-                                .collect();
-                        }
-                        Change::Put(kv) => {
-                            configs.insert(kv.key.clone(), hooks_of(&kv.value));
-                        }
-                        Change::Delete(key) => {
-                            configs.remove(&key);
-                        }
-                    }
+                    change.apply_to(&mut configs, |v| Some(hooks_of(v)));
                     api.webhooks.publish(mutating, &configs);
                 },
             )
