@@ -1,7 +1,10 @@
 //! ValidatingAdmissionPolicy benchmark: ConfigMap creates that a policy
-//! of 3 CEL validations checks (bound with `Deny` to their namespace)
-//! against ConfigMap creates in a namespace no binding selects, through
-//! the same client at the same concurrency, in alternating rounds.
+//! of 3 CEL validations checks (bound with `Deny` to objects labelled
+//! `policy: on`) against unlabelled ConfigMap creates that no binding
+//! selects, through the same client at the same concurrency into the same
+//! namespace, in rounds that alternate which side goes first. Names
+//! always sort after the ones before them, so both sides append to the
+//! store's key range (inserting into its middle costs more).
 //!
 //! Run: `cargo run --release -p skiff-control-plane --example
 //! bench_admission_policy -- [--objects N] [--concurrency C] [--rounds R]`.
@@ -52,19 +55,32 @@ spec:
   policyName: bench.skiff.io
   validationActions: [Deny]
   matchResources:
-    namespaceSelector: {matchLabels: {policy: 'on'}}
+    objectSelector: {matchLabels: {policy: 'on'}}
 "#;
 
-/// Seconds to create `n` ConfigMaps through `maps`, `c` at once.
-async fn creates(maps: &Api<ConfigMap>, base: usize, n: usize, c: usize) -> anyhow::Result<f64> {
+/// Seconds to create `n` ConfigMaps named `PREFIX-I` through `maps`, `c`
+/// at once, labelled for the policy when `checked`.
+async fn creates(
+    maps: &Api<ConfigMap>,
+    prefix: &str,
+    checked: bool,
+    n: usize,
+    c: usize,
+) -> anyhow::Result<f64> {
+    let labels = match checked {
+        true => json!({"policy": "on"}),
+        false => json!({}),
+    };
     Ok(timed(n, c, |i| {
         let maps = maps.clone();
+        let labels = labels.clone();
         async move {
             let data: serde_json::Map<String, serde_json::Value> = (0..10)
                 .map(|k| (format!("key{k}"), json!(format!("value-{k}"))))
                 .collect();
             let cm: ConfigMap = serde_json::from_value(json!({
-                "metadata": {"name": format!("cm-{}", base + i)}, "data": data}))
+                "metadata": {"name": format!("{prefix}-{i:06}"), "labels": labels},
+                "data": data}))
             .map_err(kube::Error::SerdeError)?;
             maps.create(&PostParams::default(), &cm).await.map(|_| ())
         }
@@ -76,49 +92,41 @@ async fn creates(maps: &Api<ConfigMap>, base: usize, n: usize, c: usize) -> anyh
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let s = TestServer::start().await;
-    for ns in ["unchecked", "checked"] {
-        s.kubectl(&["create", "namespace", ns]);
-    }
-    s.kubectl(&["label", "namespace", "checked", "policy=on"]);
+    s.kubectl(&["create", "namespace", "bench"]);
     let out = s.kubectl_stdin(&["apply", "-f", "-"], POLICY);
     if !out.status.success() {
         bail!("{}", String::from_utf8_lossy(&out.stderr));
     }
     // In force once a forbidden key is refused.
-    let probe = s.kubectl(&[
-        "create",
-        "configmap",
-        "probe",
-        "-n",
-        "checked",
-        "--from-literal=forbidden=1",
-    ]);
-    let mut refused = !probe.status.success();
+    let probe = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe, namespace: bench, labels: {policy: 'on'}}\ndata: {forbidden: '1'}\n";
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !refused && Instant::now() < deadline {
+    while s
+        .kubectl_stdin(&["create", "-f", "-"], probe)
+        .status
+        .success()
+    {
+        if Instant::now() > deadline {
+            bail!("the policy never came into force");
+        }
+        s.kubectl(&["delete", "configmap", "probe", "-n", "bench"]);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let out = s.kubectl(&[
-            "create",
-            "configmap",
-            "probe2",
-            "-n",
-            "checked",
-            "--from-literal=forbidden=1",
-        ]);
-        refused = !out.status.success();
-    }
-    if !refused {
-        bail!("the policy never came into force");
     }
     let client = s.client().await;
-    let unchecked: Api<ConfigMap> = Api::namespaced(client.clone(), "unchecked");
-    let checked: Api<ConfigMap> = Api::namespaced(client.clone(), "checked");
+    let maps: Api<ConfigMap> = Api::namespaced(client, "bench");
     let per_round = args.objects / args.rounds.max(1);
     let (mut plain_secs, mut policy_secs) = (0.0, 0.0);
     for round in 0..args.rounds {
-        let base = round * per_round;
-        plain_secs += creates(&unchecked, base, per_round, args.concurrency).await?;
-        policy_secs += creates(&checked, base, per_round, args.concurrency).await?;
+        // Each side goes first in every other round: the store grows as
+        // the run goes on, so a fixed order would favour the first side.
+        let c = args.concurrency;
+        let (first, second) = (format!("cm-{round:03}-a"), format!("cm-{round:03}-b"));
+        if round % 2 == 0 {
+            plain_secs += creates(&maps, &first, false, per_round, c).await?;
+            policy_secs += creates(&maps, &second, true, per_round, c).await?;
+        } else {
+            policy_secs += creates(&maps, &first, true, per_round, c).await?;
+            plain_secs += creates(&maps, &second, false, per_round, c).await?;
+        }
     }
     let n = (per_round * args.rounds) as f64;
     let (plain_rate, policy_rate) = (n / plain_secs, n / policy_secs);

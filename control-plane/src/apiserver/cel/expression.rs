@@ -47,15 +47,19 @@ pub fn type_errors(p: &Program, vars: &[(&str, Option<&Value>)]) -> Option<Strin
 }
 
 /// The variables of a request's expressions, converted and measured
-/// once for all of them.
-#[derive(Clone, Default)]
+/// once for all of them: the context they are bound in is shared by
+/// every evaluation, because binding a value converts it whole.
 pub struct Vars {
-    vars: Vec<(String, Cel, Size)>,
+    sizes: Vec<(String, Size)>,
+    ctx: Context<'static, 'static>,
 }
 
 impl Vars {
     pub fn new(vars: &[(&str, &Value)]) -> Vars {
-        let mut out = Vars::default();
+        let mut out = Vars {
+            sizes: Vec::new(),
+            ctx: Context::with_env(env()),
+        };
         for (name, v) in vars {
             out.set(name, v);
         }
@@ -65,10 +69,11 @@ impl Vars {
     /// Set (or replace) variable `name`.
     pub fn set(&mut self, name: &str, v: &Value) {
         let size = Observed::default().observe(None, v, 0);
-        let cel = to_cel(None, v, false);
-        match self.vars.iter_mut().find(|(n, _, _)| n == name) {
-            Some(slot) => *slot = (name.to_string(), cel, size),
-            None => self.vars.push((name.to_string(), cel, size)),
+        self.ctx
+            .add_variable_from_value(name, to_cel(None, v, false));
+        match self.sizes.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = size,
+            None => self.sizes.push((name.to_string(), size)),
         }
     }
 }
@@ -79,7 +84,7 @@ impl Vars {
 /// Upstream's messages when the expression costs too much, else the
 /// evaluation's error.
 pub fn evaluate(p: &Program, vars: &Vars, budget: &mut f64) -> Result<Cel, String> {
-    let sized: Vec<(&str, Size)> = vars.vars.iter().map(|(n, _, s)| (n.as_str(), *s)).collect();
+    let sized: Vec<(&str, Size)> = vars.sizes.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     let cost =
         cost::estimate_untyped(p.expression(), &sized).map_err(|problem| located(p, &problem))?;
     if cost > CALL_LIMIT {
@@ -89,11 +94,7 @@ pub fn evaluate(p: &Program, vars: &Vars, budget: &mut f64) -> Result<Cel, Strin
         return Err("validation failed due to running out of cost budget, no further validation rules will be run".into());
     }
     *budget -= cost;
-    let mut ctx = Context::with_env(env());
-    for (name, v, _) in &vars.vars {
-        ctx.add_variable_from_value(name.as_str(), v.clone());
-    }
-    p.execute(&ctx).map_err(|e| e.to_string())
+    p.execute(&vars.ctx).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
