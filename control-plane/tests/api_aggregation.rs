@@ -6,91 +6,28 @@
 //! `extension-apiserver-authentication` ConfigMap names; discovery lists
 //! it; when the backend goes, only its group fails.
 
+#[path = "support/aggregated_server.rs"]
+mod aggregated_server;
 #[path = "support/api.rs"]
 mod api;
 #[path = "support/webhook_server.rs"]
 mod webhook_server;
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use aggregated_server::GROUP;
 use api::{eventually, ok, TestServer};
 use base64::Engine as _;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::CertificateDer;
 use serde_json::{json, Value};
 
-const GROUP: &str = "metrics.test.skiff.io";
-
-/// An aggregated API server: serves `echoes` in `GROUP/v1`, answering
-/// each GET with the identity the front-proxy headers carry; trusts only
-/// clients with a certificate of `front_proxy_ca`.
+/// The aggregated API server on loopback, trusting `front_proxy_ca`:
+/// (port, its caBundle, the task serving it).
 async fn backend(front_proxy_ca: &str) -> (u16, String, tokio::task::JoinHandle<()>) {
     let (ca, cert, key) = webhook_server::certificate(&["echo.aggregated.svc"]);
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(front_proxy_ca.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
-        .build()
-        .unwrap();
-    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
-    let tls = rustls::ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let tls = aggregated_server::server_config(&cert, &key, front_proxy_ca);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(io) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let svc = hyper::service::service_fn(
-                    |req: hyper::Request<hyper::body::Incoming>| async move {
-                        let h = |n: &str| -> Vec<String> {
-                            req.headers()
-                                .get_all(n)
-                                .iter()
-                                .filter_map(|v| v.to_str().ok().map(String::from))
-                                .collect()
-                        };
-                        let path = req.uri().path().to_string();
-                        let body = if path == format!("/apis/{GROUP}/v1") {
-                            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{GROUP}/v1"),
-                            "resources": [{"name": "echoes", "singularName": "echo", "namespaced": true,
-                                "kind": "Echo", "verbs": ["get", "list"]}]})
-                        } else {
-                            json!({"kind": "Echo", "apiVersion": format!("{GROUP}/v1"),
-                            "metadata": {"name": path.rsplit('/').next().unwrap_or_default()},
-                            "path": path, "user": h("x-remote-user"), "groups": h("x-remote-group"),
-                            "authorization": h("authorization")})
-                        };
-                        let mut resp =
-                            hyper::Response::new(Full::new(Bytes::from(body.to_string())));
-                        resp.headers_mut()
-                            .insert("content-type", "application/json".parse().unwrap());
-                        Ok::<_, std::convert::Infallible>(resp)
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(io), svc)
-                    .await;
-            });
-        }
-    });
+    let task = tokio::spawn(aggregated_server::spawn(listener, tls));
     (
         port,
         base64::engine::general_purpose::STANDARD.encode(ca),

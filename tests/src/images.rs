@@ -539,6 +539,18 @@ pub fn admission_webhook() -> Result<OciImage> {
     toolbox_with_binary(ADMISSION_WEBHOOK_IMAGE, "admission-webhook")
 }
 
+/// Name of [`aggregated_api`]'s image.
+pub const AGGREGATED_API_IMAGE: &str = "skiff.test/aggregated-api:1.0";
+
+/// The toolbox plus `/usr/local/bin/aggregated-api` (this crate's binary:
+/// the API server tests' aggregated API server).
+///
+/// # Errors
+/// As [`toolbox_with_binary`].
+pub fn aggregated_api() -> Result<OciImage> {
+    toolbox_with_binary(AGGREGATED_API_IMAGE, "aggregated-api")
+}
+
 /// Image `name`: the toolbox plus this crate's binary `bin` in
 /// `/usr/local/bin` and the host's shared libraries it links (as `ldd`
 /// lists them), so a glibc binary runs in the image.

@@ -49,6 +49,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod aggregation;
 pub mod bench;
 pub mod cleanup;
 pub mod cluster;
