@@ -6,12 +6,9 @@
 //! `extension-apiserver-authentication` ConfigMap names; discovery lists
 //! it; when the backend goes, only its group fails.
 
-#[path = "support/aggregated_server.rs"]
-mod aggregated_server;
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/webhook_server.rs"]
-mod webhook_server;
+use crate::aggregated_server;
+use crate::api;
+use crate::webhook_server;
 
 use std::time::Duration;
 

@@ -8,8 +8,7 @@
 //! so the log holds only the test's requests) in a temporary directory;
 //! dropping the fixture kills the process and removes the directory.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

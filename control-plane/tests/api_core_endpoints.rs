@@ -1,8 +1,7 @@
 //! The core endpoints clients expect beside the resources: component
 //! statuses, the build in `/version`, each health check on its own.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{ok, raw, TestServer};
 

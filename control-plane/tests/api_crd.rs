@@ -4,10 +4,8 @@
 //! schema, printed with the definition's columns, scaled through
 //! `/scale`, and deleted with the definition.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/api_suite.rs"]
-mod api_suite;
+use crate::api;
+use crate::api_suite;
 
 use std::time::Duration;
 

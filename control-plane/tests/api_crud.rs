@@ -1,9 +1,7 @@
 //! The API suite against a SQLite-backed server, with real kubectl and kube-rs.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/api_suite.rs"]
-mod api_suite;
+use crate::api;
+use crate::api_suite;
 
 use api::TestServer;
 

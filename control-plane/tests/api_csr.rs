@@ -4,8 +4,7 @@
 //! csrsigning / tokencleaner controllers approve, issue and clean up, and
 //! real kubectl (1.27 to 1.33) lists, approves and denies CSRs.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

@@ -3,8 +3,7 @@
 //! with its policy/v1 Eviction kind), sending its delete and eviction
 //! bodies as protobuf (`k8s\0` ...), and waits for the pods to go.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{ok, TestServer, KUBECTL_DIR};
 use serde_json::json;

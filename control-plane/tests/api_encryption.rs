@@ -4,10 +4,8 @@
 //! never the value; get, list and watch read it back; `secrets-encrypt
 //! rotate`, a restart and `reencrypt` move every Secret to the new key.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/etcd.rs"]
-mod etcd_support;
+use crate::api;
+use crate::etcd_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

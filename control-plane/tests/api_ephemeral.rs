@@ -3,8 +3,7 @@
 //! not change or go, ephemeral-only rules are enforced, an update of the
 //! pod itself keeps the stored ones, and a create may not carry them.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{fails, ok, raw, TestServer};
 use serde_json::{json, Value};

@@ -1,8 +1,7 @@
 //! Bad inputs and authorization negatives: every one answered with the
 //! upstream status code and a Status object, none of them harming the server.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{fails, ok, raw, TestServer, USER_TOKEN};
 use serde_json::json;

@@ -1,12 +1,9 @@
 //! The same API suite against an etcd-backed server (Debian's etcd-server,
 //! started by the etcd fixture).
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/api_suite.rs"]
-mod api_suite;
-#[path = "support/etcd.rs"]
-mod etcd_support;
+use crate::api;
+use crate::api_suite;
+use crate::etcd_support;
 
 use std::sync::Arc;
 

@@ -5,8 +5,7 @@
 //! `kubectl drain` retries, 404 for a missing pod, dry runs, a budget
 //! not yet observed, and two budgets for one pod.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{fails, ok, raw, TestServer};
 use serde_json::{json, Value};

@@ -3,8 +3,7 @@
 //! refusals per container and per pod with upstream's messages, claims'
 //! storage bounds, and what the real `kubectl` prints for `get limits`.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{header, ok, TestServer};
 use k8s_openapi::api::core::v1::{LimitRange, PersistentVolumeClaim, Pod};

@@ -6,8 +6,7 @@
 //! Its own test binary: the first test lowers the process's open-files
 //! limit, which would disturb tests running beside it.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! bounded (labels come from the matched route, not the URL), and no path
 //! breaks the exposition format for the scrapers (label values escaped).
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::collections::HashSet;
 use std::sync::Arc;

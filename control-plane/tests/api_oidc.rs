@@ -5,8 +5,7 @@
 //! issuer rotates in is picked up; the structured
 //! `--authentication-config` maps claims the same way.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -6,8 +6,7 @@
 //! exemptions come from `--admission-control-config-file`, and the binary
 //! refuses a configuration it would not honour.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::time::Duration;
 

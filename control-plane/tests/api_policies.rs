@@ -6,8 +6,7 @@
 //! are refused with upstream's causes; type checking is reported in the
 //! policy's status.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::time::Duration;
 

@@ -3,8 +3,7 @@
 //! pod's class into its `priority` and `preemptionPolicy` (upstream's
 //! messages), with what the real `kubectl` prints for `get pc`.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{header, ok, TestServer};
 use k8s_openapi::api::apps::v1::Deployment;

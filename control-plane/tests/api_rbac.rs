@@ -2,8 +2,7 @@
 //! (upstream's escalation check on Roles, ClusterRoles and bindings), the
 //! `bind` and `escalate` verbs, aggregation rules, and rule validation.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::time::Duration;
 

@@ -3,8 +3,7 @@
 //! concurrent creates, scopes), and what the real `kubectl` prints for
 //! `get quota` and `describe quota`.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{fails, ok, TestServer};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota};

@@ -5,8 +5,7 @@
 //! controllers, ServiceAccount admission of pods, and the serving
 //! certificate naming the `kubernetes` Service.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::time::Duration;
 

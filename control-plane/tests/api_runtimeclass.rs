@@ -4,8 +4,7 @@
 //! admission plugin (overhead, node selector, tolerations; upstream's
 //! messages for a missing class).
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{fails, header, ok, TestServer};
 use k8s_openapi::api::core::v1::Pod;

@@ -5,8 +5,7 @@
 //! the JWT library the server signs with), legacy Secret tokens filled by
 //! the token controller, and bad input.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::path::PathBuf;
 use std::time::Duration;

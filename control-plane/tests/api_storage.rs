@@ -4,8 +4,7 @@
 //! controller runs here: claims stay Pending unless a test binds them by
 //! hand.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{fails, ok, TestServer};
 use serde_json::Value;

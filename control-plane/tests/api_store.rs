@@ -3,10 +3,8 @@
 //! watch event, history is compacted on a schedule (old resourceVersions
 //! get 410), and events expire after `--event-ttl`.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/etcd.rs"]
-mod etcd_support;
+use crate::api;
+use crate::etcd_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! Validation parity with upstream: what upstream refuses with 400, 415
 //! or 422 is refused here too, before anything is stored.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use api::{raw, TestServer};
 use serde_json::{json, Value};

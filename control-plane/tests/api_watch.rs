@@ -1,8 +1,7 @@
 //! Watches: resume from a resourceVersion across a server restart without a
 //! lost event, 410 Gone after compaction, bookmarks, selectors.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::time::Duration;
 

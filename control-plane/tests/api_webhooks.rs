@@ -6,10 +6,8 @@
 //! bad answers get upstream's errors and the server keeps serving; a
 //! webhook behind a Service is reached through its endpoints.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/webhook_server.rs"]
-mod webhook_server;
+use crate::api;
+use crate::webhook_server;
 
 use std::time::Duration;
 

@@ -1,7 +1,6 @@
 //! The `skiff-server` subcommands a user runs beside a running server.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::process::Command;
 

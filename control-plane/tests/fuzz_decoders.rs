@@ -11,10 +11,8 @@
 //! finds are kept in `tests/proptest-regressions/fuzz_decoders.txt` and
 //! replayed first. `PROPTEST_CASES` sets the number of cases.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/fuzz.rs"]
-mod fuzz;
+use crate::api;
+use crate::fuzz;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;

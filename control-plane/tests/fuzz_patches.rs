@@ -13,10 +13,8 @@
 //! run, and proptest's failures persist in
 //! `tests/proptest-regressions/fuzz_patches.txt`.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/fuzz.rs"]
-mod fuzz;
+use crate::api;
+use crate::fuzz;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;

@@ -9,10 +9,8 @@
 //! run; proptest's failures persist in
 //! `tests/proptest-regressions/fuzz_selectors.txt`.
 
-#[path = "support/api.rs"]
-mod api;
-#[path = "support/fuzz.rs"]
-mod fuzz;
+use crate::api;
+use crate::fuzz;
 
 use std::collections::BTreeMap;
 

@@ -3,8 +3,7 @@
 //! Lease up, the other takes over once the lease duration has passed;
 //! one that stops gives it up at once.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

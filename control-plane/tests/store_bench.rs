@@ -1,8 +1,7 @@
 //! Raw store write figures (printed, never asserted): 10,000 creates at
 //! concurrency 32 into SQLite, and a shorter run into a real etcd.
 
-#[path = "support/etcd.rs"]
-mod etcd_support;
+use crate::etcd_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,6 @@
 //! One conformance body for every `Store` backend: SQLite and a real etcd.
 
-#[path = "support/etcd.rs"]
-mod etcd_support;
+use crate::etcd_support;
 
 use std::sync::Arc;
 use std::time::Duration;

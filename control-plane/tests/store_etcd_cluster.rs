@@ -1,8 +1,7 @@
 //! A three-member etcd cluster loses its leader while a client keeps
 //! writing: every acknowledged write is readable afterwards.
 
-#[path = "support/etcd.rs"]
-mod etcd_support;
+use crate::etcd_support;
 
 use std::time::{Duration, Instant};
 

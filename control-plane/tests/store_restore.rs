@@ -1,8 +1,7 @@
 //! Restore drills: write, snapshot, lose the data directory, restore; every
 //! key comes back at its mod_revision and new writes get higher revisions.
 
-#[path = "support/etcd.rs"]
-mod etcd_support;
+use crate::etcd_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! the newest `--etcd-snapshot-retention`, and `skiff-server snapshot`
 //! lists, saves, prunes and restores them by name.
 
-#[path = "support/api.rs"]
-mod api;
+use crate::api;
 
 use std::collections::BTreeSet;
 use std::path::Path;

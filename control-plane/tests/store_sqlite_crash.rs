@@ -74,12 +74,17 @@ fn acknowledged_writes_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join(SQLITE_FILE);
     let exe = std::env::current_exe().unwrap();
+    // The helper's name in this binary: its module path less the crate.
+    let helper = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::crash_helper"),
+        None => "crash_helper".to_string(),
+    };
     let rt = tokio::runtime::Runtime::new().unwrap();
     for (round, run_for) in [1500u64, 2300, 3100].into_iter().enumerate() {
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
-                "crash_helper",
+                &helper,
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",

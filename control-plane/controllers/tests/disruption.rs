@@ -3,7 +3,7 @@
 //! percentages, maxUnavailable), its change with pod readiness, and an
 //! eviction taking the last allowed disruption.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;

@@ -3,7 +3,7 @@
 //! finished pods are given back (so that admission lets new ones in), and
 //! a periodic resync repairs a status written wrong.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! Nodes are plain objects carrying the root annotation their agent would
 //! write; no agent runs, so the local-path cleanup finalizer stays.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! test moves a minute at a time; the job controller does not run: the
 //! test finishes Jobs by writing their status, as it would.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! failed pods; rolling a new template node by node, with or without
 //! surge.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

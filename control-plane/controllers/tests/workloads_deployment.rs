@@ -4,7 +4,7 @@
 //! status / undo / restart / history, Recreate, pause and the progress
 //! deadline.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use std::sync::{Arc, Mutex};
 

@@ -4,7 +4,7 @@
 //! ttlSecondsAfterFinished, Indexed Jobs, pod failure policies, per-index
 //! limits and success policies.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;

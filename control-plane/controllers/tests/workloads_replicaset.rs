@@ -2,7 +2,7 @@
 //! template with events, status from pod readiness, upstream's choice of
 //! victims on scale-down, adoption and release, and a restart.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;

@@ -2,7 +2,7 @@
 //! ReplicaSet loop behind an equality selector, scaled through `/scale`,
 //! with the RC as the pods' owner, and a cascading delete.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use k8s_openapi::api::core::v1::ReplicationController;
 use kube::{Api, ResourceExt};

@@ -4,7 +4,7 @@
 //! through ControllerRevisions, rollback the way kubectl does it, and the
 //! API's refusals.
 
-mod workloads_support;
+use crate::workloads_support;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};

@@ -2,7 +2,7 @@
 //! constraints, against a real (in-process) API server: placements and
 //! upstream's FailedScheduling messages.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

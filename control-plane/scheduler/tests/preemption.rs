@@ -4,7 +4,7 @@
 //! and then bound where they were; a `preemptionPolicy: Never` pod only
 //! waits, with upstream's message.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, PostParams};

@@ -2,7 +2,7 @@
 //! schedules the pods that name it, scores as it says, and reports its
 //! events under its own name; pods naming no profile are left alone.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! re-list) and it goes on binding, and changes made after the restart
 //! (a node deleted, another added) are seen in order.
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use support::Cluster;

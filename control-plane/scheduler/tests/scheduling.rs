@@ -1,7 +1,7 @@
 //! The scheduler against a real (in-process) API server: bindings,
 //! spreading, FailedScheduling, retries, taints, affinity, host ports.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! on resources over "small" (4 CPUs, 8 GiB) by a few points; each test
 //! adds one preference for "small" that must outweigh that.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::Cluster;

@@ -5,7 +5,7 @@
 //! tests bind claims by hand where they need them bound, and check the
 //! scheduler's own writes.
 
-mod support;
+use crate::support;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;

@@ -16,7 +16,7 @@ use super::patch::{self, PatchType};
 use super::resources::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause};
-use super::{admission, convert, model, options, order, table, validation};
+use super::{admission, convert, model, options, order, server_side_apply, table, validation};
 use super::{
     check_type_meta, decode_body, json_response, media_type, with_warnings, ApiServer, Req,
 };
@@ -418,7 +418,6 @@ async fn create_value_stored(
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
             "selfLink",
-            "managedFields",
         ] {
             m.remove(k);
         }
@@ -430,6 +429,9 @@ async fn create_value_stored(
     }
     def.strategy.prepare_for_create(r, &mut obj);
     def.strategy.default(&mut obj);
+    if !server_side_apply::is_apply(r) {
+        server_side_apply::record_update(r, &json!({}), &mut obj);
+    }
     warnings.extend(admission::mutate_create(api, r, &mut obj).await?);
     let causes = validation::validate(def, &obj);
     if !causes.is_empty() {
@@ -545,8 +547,17 @@ pub(crate) async fn write_update_warned(
     let def = r.def;
     let name = r.name().to_string();
     let main = r.sub.is_none();
+    if main {
+        def.strategy.default(&mut new);
+    }
+    // Ownership moves with what the client changed (defaults included, as
+    // upstream defaults on decoding), not with what admission adds.
+    if !server_side_apply::is_apply(r) {
+        server_side_apply::record_update(r, old, &mut new);
+    }
     warnings.extend(admission::mutate_update(api, r, old, &mut new).await?);
     if main {
+        // What mutating admission added is defaulted too.
         def.strategy.default(&mut new);
     }
     let causes = if main {
@@ -662,15 +673,17 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
             Ok(x) => x,
             // Server-side apply creates what is missing.
             Err(e) if e.code == 404 && pt == PatchType::Apply && r.sub.is_none() => {
-                let obj = decode_body(&body, "application/yaml")?;
+                let obj = server_side_apply::apply(r, &json!({}), &body)?;
                 let (obj, mut warnings) = create_value(api, r, obj).await?;
                 warnings.extend(duplicates);
                 return Ok(with_warnings(object_response(r, 201, &obj), &warnings));
             }
             Err(e) => return Err(e),
         };
-        let patched = patch::apply(&old, &body, pt, r.def.kind).map_err(ApiError::from)?;
-        let mut patched = patched;
+        let mut patched = match pt {
+            PatchType::Apply => server_side_apply::apply(r, &old, &body)?,
+            _ => patch::apply(&old, &body, pt, r.def.kind).map_err(ApiError::from)?,
+        };
         check_type_meta(r.def, &mut patched)?;
         let patched_rv = objects::meta_str(&patched, "resourceVersion").map(String::from);
         let precondition = patched_rv

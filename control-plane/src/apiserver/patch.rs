@@ -54,9 +54,10 @@ pub enum PatchType {
     Json,
     Merge,
     Strategic,
-    /// Server-side apply. Approximated as a strategic merge of the applied
-    /// configuration (no managedFields yet): fields the applier drops are
-    /// not removed.
+    /// Server-side apply: see [`super::server_side_apply`]. [`apply`]
+    /// takes it as a strategic merge of the applied configuration, which
+    /// only the scale, ephemeralcontainers and approval subresources still
+    /// use.
     Apply,
 }
 

@@ -653,6 +653,38 @@ pub async fn derived_custom_resources(s: &TestServer) {
         .await
         .expect("patch status");
     assert!(patched.status.expect("status").published);
+
+    // Server-side apply: the creator owns the pages it set, so another
+    // manager's change to them conflicts until forced; then it owns them.
+    let config = |pages: u32| {
+        serde_json::json!({"apiVersion": "kube.rs/v1", "kind": "Document",
+            "metadata": {"name": "guide"},
+            "spec": {"title": "Guide", "pages": pages, "tags": ["a"]}})
+    };
+    let err = (docs.patch(
+        "guide",
+        &PatchParams::apply("docs-ctl"),
+        &Patch::Apply(config(4)),
+    ))
+    .await
+    .expect_err("a conflict over pages");
+    assert!(
+        matches!(&err, kube::Error::Api(e) if e.code == 409 && e.message.contains(".spec.pages")),
+        "{err}"
+    );
+    let forced = PatchParams::apply("docs-ctl").force();
+    let applied = (docs.patch("guide", &forced, &Patch::Apply(config(4))))
+        .await
+        .expect("a forced apply");
+    assert_eq!(applied.spec.pages, Some(4));
+    let owners = applied.metadata.managed_fields.unwrap_or_default();
+    let ours = owners
+        .iter()
+        .find(|m| m.manager.as_deref() == Some("docs-ctl"));
+    assert!(
+        ours.is_some_and(|m| m.operation.as_deref() == Some("Apply")),
+        "{owners:?}"
+    );
     let listed = docs.list(&ListParams::default()).await.expect("list");
     assert_eq!(listed.items.len(), 1);
 
