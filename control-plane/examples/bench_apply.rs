@@ -61,8 +61,13 @@ async fn writes(
     tag: &str,
     apply: bool,
 ) -> anyhow::Result<f64> {
-    let params = PatchParams::apply("bench");
-    let plain = PatchParams::default();
+    // The patches take the annotation over from the applier, and back:
+    // the applier forces, as controllers do.
+    let params = PatchParams::apply("bench").force();
+    let plain = PatchParams {
+        field_manager: Some("bench-patch".into()),
+        ..PatchParams::default()
+    };
     Ok(timed(n, args.concurrency, |i| {
         let (api, params, plain) = (api.clone(), params.clone(), plain.clone());
         let name = format!("web-{}", i % args.deployments);

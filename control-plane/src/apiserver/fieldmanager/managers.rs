@@ -27,12 +27,16 @@ const STRIPPED: &str = "apiVersion kind metadata metadata.name metadata.namespac
     metadata.creationTimestamp metadata.selfLink metadata.uid metadata.clusterName \
     metadata.generation metadata.managedFields metadata.resourceVersion";
 
-fn stripped() -> FieldSet {
-    let mut s = FieldSet::default();
-    for p in STRIPPED.split_whitespace() {
-        s.insert(&Path::fields(&p.split('.').collect::<Vec<_>>()).0);
-    }
-    s
+/// [`STRIPPED`] as a set, built once: every write subtracts it.
+fn stripped() -> &'static FieldSet {
+    static SET: std::sync::LazyLock<FieldSet> = std::sync::LazyLock::new(|| {
+        let mut s = FieldSet::default();
+        for p in STRIPPED.split_whitespace() {
+            s.insert(&Path::fields(&p.split('.').collect::<Vec<_>>()).0);
+        }
+        s
+    });
+    &SET
 }
 
 /// A `metadata.managedFields` that does not decode.
@@ -340,10 +344,17 @@ pub fn update(
     writer: &Writer,
     now: &str,
 ) -> merge::Result<ManagedFields> {
-    let cmp = compare(old, new, shape)?.excluding(&writer.reset);
-    let touched = cmp.modified.union(&cmp.added);
-    managers.take(&touched.union(&cmp.removed), None);
-    let gained = touched.difference(&stripped());
+    let mut cmp = compare(old, new, shape)?;
+    if !writer.reset.is_empty() {
+        cmp = cmp.excluding(&writer.reset);
+    }
+    let mut touched = cmp.added;
+    touched.extend(&cmp.modified);
+    // Creates, the most common write, find no managers to take from.
+    if !managers.0.is_empty() {
+        managers.take(&touched.union(&cmp.removed), None);
+    }
+    let gained = touched.difference(stripped());
     if !gained.is_empty() {
         let blank = || Entry {
             api_version: writer.api_version.clone(),
@@ -427,7 +438,7 @@ pub fn apply(
         return Err(ApplyError::Conflict(Conflicts::new(conflicts)));
     }
     if let Some(e) = managers.0.get_mut(&id) {
-        e.fields = e.fields.difference(&stripped());
+        e.fields = e.fields.difference(stripped());
         // Upstream stamps the applier only when the object changes.
         e.time = if value_eq(live, &merged) {
             last.and_then(|l| l.time)

@@ -56,7 +56,8 @@ impl FieldSet {
         out
     }
 
-    fn extend(&mut self, other: &FieldSet) {
+    /// Add every path of `other`.
+    pub fn extend(&mut self, other: &FieldSet) {
         self.members.extend(other.members.iter().cloned());
         for (pe, set) in &other.children {
             self.children.entry(pe.clone()).or_default().extend(set);
