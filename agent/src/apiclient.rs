@@ -171,9 +171,17 @@ async fn config(path: &Path) -> Result<kube::Config, Error> {
     let p = || path.display().to_string();
     let kc = kube::config::Kubeconfig::read_from(path)
         .map_err(|source| Error::Read { path: p(), source })?;
-    kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|source| Error::Config { path: p(), source })
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|source| Error::Config { path: p(), source })?;
+    // The API server records the agent's writes under this name
+    // (managedFields), as the kubelet's are under `kubelet`.
+    let agent = format!("kubelet/{}", crate::node::facts::AGENT_VERSION);
+    if let Ok(v) = http::HeaderValue::from_str(&agent) {
+        cfg.headers.push((http::header::USER_AGENT, v));
+    }
+    Ok(cfg)
 }
 
 /// A client for `url` with the kubeconfig's credentials and CA (every

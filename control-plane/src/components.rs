@@ -59,9 +59,17 @@ async fn client(pki: &Pki, url: &str, user: &'static str) -> Result<kube::Client
     let text = pki.kubeconfig(url, user, &[])?;
     let kc = kube::config::Kubeconfig::from_yaml(&text)
         .map_err(|source| Error::Kubeconfig { user, source })?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|source| Error::Kubeconfig { user, source })?;
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|source| Error::Kubeconfig { user, source })?;
+    // The API server records each component's writes under its name
+    // (managedFields), as upstream's `kube-scheduler/v1.33.0 ...`.
+    let name = user.trim_start_matches("system:");
+    let agent = format!("{name}/skiff-{}", env!("CARGO_PKG_VERSION"));
+    if let Ok(v) = http::HeaderValue::from_str(&agent) {
+        cfg.headers.push((http::header::USER_AGENT, v));
+    }
     kube::Client::try_from(cfg).map_err(|source| Error::Client { user, source })
 }
 
