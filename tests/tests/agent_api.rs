@@ -120,6 +120,18 @@ async fn agent_writes_pods_back_to_the_api() -> Result<()> {
     for reason in ["Scheduled", "Pulled", "Created", "Started"] {
         assert!(events.contains(reason), "no {reason} event:\n{events}");
     }
+    // The agent's status writes are recorded as the kubelet's.
+    let managers = cluster
+        .kubectl_ok(&[
+            "get",
+            "pod",
+            "fails",
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={range .metadata.managedFields[*]}{.manager}/{.subresource};{end}",
+        ])
+        .await?;
+    assert!(managers.contains("kubelet/status;"), "{managers}");
 
     // Graceful deletion: a container that ignores SIGTERM is killed at the
     // end of its grace period, then the agent deletes the object; a pod
