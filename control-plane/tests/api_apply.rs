@@ -260,4 +260,25 @@ async fn updates_are_recorded_and_client_side_apply_migrates() {
     ]));
     let cm = get(&s, "configmap/made");
     assert!(cm["metadata"].get("managedFields").is_none(), "{cm}");
+
+    // kube-rs's Patch::Apply on a built-in kind: an operator's apply owns
+    // what it sends and prunes what it stops sending.
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, Patch, PatchParams};
+    let api: Api<ConfigMap> = Api::namespaced(s.client().await, "default");
+    let params = PatchParams::apply("operator");
+    let config = |data: Value| {
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "operated"}, "data": data})
+    };
+    let both = config(serde_json::json!({"a": "1", "b": "2"}));
+    api.patch("operated", &params, &Patch::Apply(both))
+        .await
+        .expect("apply creates");
+    let one = config(serde_json::json!({"a": "1"}));
+    let cm = (api.patch("operated", &params, &Patch::Apply(one)))
+        .await
+        .expect("apply prunes");
+    let keys: Vec<String> = cm.data.unwrap_or_default().into_keys().collect();
+    assert_eq!(keys, ["a"]);
 }
