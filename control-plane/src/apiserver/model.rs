@@ -27,8 +27,9 @@ pub trait Model: Send + Sync {
     fn add_schema(&self, gen: &mut SchemaGenerator);
 
     /// The kind's schema as JSON, for kinds that are not Rust types (the
-    /// custom ones, whose schema comes with their definition).
-    fn json_schema(&self) -> Option<Value> {
+    /// custom ones, whose schema comes with their definition). Shared:
+    /// every write to a custom kind reads it.
+    fn json_schema(&self) -> Option<std::sync::Arc<Value>> {
         None
     }
 }

@@ -151,6 +151,7 @@ fn custom_schema(r: &ResourceDef) -> Value {
     let mut schema = r
         .model
         .and_then(|m| m.json_schema())
+        .map(|s| Value::clone(&s))
         .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
     if let Some(m) = schema.as_object_mut() {
         let props = m.entry("properties").or_insert_with(|| json!({}));

@@ -45,7 +45,7 @@ pub struct ScalePaths {
 pub struct Rules {
     /// `schema.openAPIV3Schema`, absent only for definitions that preserve
     /// every field.
-    pub schema: Option<Value>,
+    pub schema: Option<Arc<Value>>,
     /// None: upstream's default columns (Name, Age).
     pub columns: Option<Vec<PrinterColumn>>,
     pub scale: Option<ScalePaths>,
@@ -102,7 +102,7 @@ impl Model for CustomKind {
 
     fn add_schema(&self, _gen: &mut SchemaGenerator) {}
 
-    fn json_schema(&self) -> Option<Value> {
+    fn json_schema(&self) -> Option<Arc<Value>> {
         self.rules().schema.clone()
     }
 }

@@ -201,7 +201,7 @@ impl Registry {
                 kind.set_rules(Rules {
                     schema: v["schema"]["openAPIV3Schema"]
                         .is_object()
-                        .then(|| v["schema"]["openAPIV3Schema"].clone()),
+                        .then(|| Arc::new(v["schema"]["openAPIV3Schema"].clone())),
                     columns: printer_columns(&v["additionalPrinterColumns"]),
                     scale: scale_paths(&subs["scale"]),
                     status: subs["status"].is_object(),

@@ -213,7 +213,7 @@ fn checked_kinds(api: &ApiServer, spec: &Value) -> Vec<(String, Value)> {
 /// version.
 fn kind_schema(api: &ApiServer, def: &ResourceDef) -> Option<Value> {
     if let Some(s) = def.model.and_then(|m| m.json_schema()) {
-        return Some(s);
+        return Some(Value::clone(&s));
     }
     let path = match def.group {
         "" => format!("api/{}", def.version),
