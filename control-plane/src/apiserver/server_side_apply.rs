@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use super::fieldmanager::{self, ApplyError, ManagedFields, Shape, Writer};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
-use super::{decode_body, Req};
+use super::{decode_body, objects, Req};
 
 /// The shape of `def`'s objects: a definition's schema for custom kinds,
 /// the built-in table otherwise.
@@ -38,10 +38,7 @@ fn config(r: &Req, body: &[u8]) -> ApiResult<Value> {
             "the patch body must be a JSON object",
         ));
     }
-    let gv = match r.def.group {
-        "" => r.def.version.to_string(),
-        g => format!("{g}/{}", r.def.version),
-    };
+    let gv = r.def.api_version();
     let (api_version, kind) = (
         config["apiVersion"].as_str().unwrap_or_default(),
         config["kind"].as_str().unwrap_or_default(),
@@ -88,12 +85,6 @@ fn writer(r: &Req, api_version: &str) -> Writer {
     writer
 }
 
-fn now() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
 /// Whether `r` is a server-side apply, which records its own ownership.
 pub fn is_apply(r: &Req) -> bool {
     r.attrs.verb == "patch"
@@ -123,7 +114,7 @@ pub fn record_update(r: &Req, old: &Value, new: &mut Value) {
     let writer = writer(r, &api_version);
     let updated = with_shape(r.def, |shape| {
         let managers = managers.unwrap_or_default();
-        fieldmanager::update(old, new, shape, managers, &writer, &now())
+        fieldmanager::update(old, new, shape, managers, &writer, &objects::now_rfc3339())
     });
     match updated {
         Ok(managers) => managers.write_to(new),
@@ -174,7 +165,15 @@ pub fn apply(r: &Req, live: &Value, body: &[u8]) -> ApiResult<Value> {
     let writer = writer(r, config["apiVersion"].as_str().unwrap_or_default());
     let force = r.query.get("force") == Some("true");
     let outcome = with_shape(r.def, |shape| {
-        fieldmanager::apply(live, &config, shape, managers, &writer, force, &now())
+        fieldmanager::apply(
+            live,
+            &config,
+            shape,
+            managers,
+            &writer,
+            force,
+            &objects::now_rfc3339(),
+        )
     });
     match outcome {
         Ok((mut merged, managers)) => {
