@@ -282,3 +282,67 @@ async fn updates_are_recorded_and_client_side_apply_migrates() {
     let keys: Vec<String> = cm.data.unwrap_or_default().into_keys().collect();
     assert_eq!(keys, ["a"]);
 }
+
+/// An apply through a subresource that builds its own update keeps the
+/// applier's ownership, under the subresource; the scale subresource
+/// refuses one rather than apply it unowned.
+#[tokio::test(flavor = "multi_thread")]
+async fn subresource_applies_are_owned_or_refused() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let s = TestServer::start().await;
+    let pods: Api<Pod> = Api::namespaced(s.client().await, "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "debugged"},
+        "spec": {"containers": [{"name": "app", "image": "busybox"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let debugger = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "debugged"},
+        "spec": {"ephemeralContainers": [{"name": "debug", "image": "busybox", "stdin": true}]}});
+    let applied = pods
+        .patch_subresource(
+            "ephemeralcontainers",
+            "debugged",
+            &PatchParams::apply("debugger"),
+            &Patch::Apply(&debugger),
+        )
+        .await
+        .expect("apply to ephemeralcontainers");
+    let spec = applied.spec.unwrap();
+    assert_eq!(spec.ephemeral_containers.unwrap()[0].name, "debug");
+    let entry = applied
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.manager.as_deref() == Some("debugger"))
+        .expect("the applier's entry");
+    assert_eq!(entry.operation.as_deref(), Some("Apply"));
+    assert_eq!(entry.subresource.as_deref(), Some("ephemeralcontainers"));
+    let owned = serde_json::to_string(&entry.fields_v1.unwrap().0).unwrap();
+    assert!(owned.contains(r#"k:{\"name\":\"debug\"}"#), "{owned}");
+
+    ok(apply(
+        &s,
+        "alice",
+        &[],
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: nginx}]}\n",
+    ));
+    let (code, _, body) = api::raw(
+        &s.client().await,
+        "PATCH",
+        "/apis/apps/v1/namespaces/default/deployments/web/scale?fieldManager=hpa",
+        "application/apply-patch+yaml",
+        b"apiVersion: autoscaling/v1\nkind: Scale\nmetadata: {name: web}\nspec: {replicas: 3}\n".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 415, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("server-side apply is not supported on the scale subresource"),
+        "{body}"
+    );
+    assert_eq!(deployment(&s)["spec"]["replicas"], 1);
+}

@@ -22,6 +22,7 @@ mod api_apply;
 mod api_audit;
 mod api_core_endpoints;
 mod api_crd;
+mod api_crd_conversion;
 mod api_crud;
 mod api_csr;
 mod api_drain;

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::ipalloc::Allocation;
 use super::objects::{self, meta_mut};
-use super::patch::{self, PatchType};
+use super::patch::PatchType;
 use super::resources::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, ApiResult, Cause};
@@ -67,6 +67,7 @@ pub(crate) async fn get_object(api: &ApiServer, r: &Req) -> ApiResult<(KeyValue,
     let kv = kv.ok_or_else(|| ApiError::not_found(r.def.group, r.def.plural, r.name()))?;
     let obj = convert::decode(r.def, &kv.value, kv.mod_revision)
         .ok_or_else(|| ApiError::internal(format!("stored object {} is not valid JSON", kv.key)))?;
+    let obj = convert::served_one(api, r.def, obj).await?;
     Ok((kv, obj))
 }
 
@@ -114,6 +115,7 @@ pub(crate) async fn list_objects(
         .iter()
         .filter_map(|kv| convert::decode(r.def, &kv.value, kv.mod_revision))
         .collect();
+    let items = convert::served(api, r.def, items).await?;
     Ok((items, rev, cont))
 }
 
@@ -214,6 +216,7 @@ pub(crate) async fn list(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Bo
             .iter()
             .filter_map(|kv| convert::decode(r.def, &kv.value, kv.mod_revision))
             .collect();
+        let items = convert::served(api, r.def, items).await?;
         if table::wants_table(r.accept()) {
             let inc = r.query.get("includeObject").unwrap_or("Metadata");
             return Ok(json_response(
@@ -242,24 +245,29 @@ pub(crate) async fn list(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<Bo
     body.extend_from_slice(&order::typed_to_vec(&meta, "meta.ListMeta"));
     body.extend_from_slice(br#","items":["#);
     let mut first = true;
-    for kv in &kvs {
-        let spliced = if convert::converts(r.def) {
-            None
-        } else {
-            objects::splice_resource_version(&kv.value, kv.mod_revision)
-        };
-        let item = match spliced {
-            Some(b) => b,
-            None => match convert::decode(r.def, &kv.value, kv.mod_revision) {
-                Some(v) => order::to_vec(&v),
-                None => continue,
-            },
-        };
+    let mut push = |item: &[u8]| {
         if !first {
             body.push(b',');
         }
         first = false;
-        body.extend_from_slice(&item);
+        body.extend_from_slice(item);
+    };
+    if convert::converts(r.def) {
+        let items = kvs
+            .iter()
+            .filter_map(|kv| convert::decode(r.def, &kv.value, kv.mod_revision))
+            .collect();
+        for item in convert::served(api, r.def, items).await? {
+            push(&order::to_vec(&item));
+        }
+    } else {
+        for kv in &kvs {
+            if let Some(b) = objects::splice_resource_version(&kv.value, kv.mod_revision) {
+                push(&b);
+            } else if let Some(v) = convert::decode(r.def, &kv.value, kv.mod_revision) {
+                push(&order::to_vec(&v));
+            }
+        }
     }
     body.extend_from_slice(b"]}");
     Ok(super::bytes_response(200, body))
@@ -446,11 +454,14 @@ async fn create_value_stored(
     }
     let key = def.key(objects::namespace(&obj), &name);
     let ttl = def.strategy.ttl(api);
-    match api
-        .store
-        .create_with_ttl(&key, convert::encode(def, &obj), ttl)
-        .await
-    {
+    let bytes = match convert::encode_converted(api, def, &obj).await {
+        Ok(b) => b,
+        Err(e) => {
+            allocated.release(&api.ips);
+            return Err(e);
+        }
+    };
+    match api.store.create_with_ttl(&key, bytes, ttl).await {
         Ok(kv) => {
             meta_mut(&mut obj).insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));
             Ok((obj, warnings, Some((kv.value, kv.mod_revision))))
@@ -585,14 +596,16 @@ pub(crate) async fn write_update_warned(
     let finished = objects::has_deletion_timestamp(&new)
         && objects::finalizers(&new).is_empty()
         && !def.strategy.holds_deletion(&new);
+    let bytes = match convert::encode_converted(api, def, &new).await {
+        Ok(b) => b,
+        Err(e) => {
+            allocated.release(&api.ips);
+            return Err(e);
+        }
+    };
     let result = api
         .store
-        .update_with_ttl(
-            &cur.key,
-            convert::encode(def, &new),
-            cur.mod_revision,
-            def.strategy.ttl(api),
-        )
+        .update_with_ttl(&cur.key, bytes, cur.mod_revision, def.strategy.ttl(api))
         .await;
     match result {
         Ok(kv) => {
@@ -680,10 +693,7 @@ pub(crate) async fn patch(api: &Arc<ApiServer>, r: &Req, body: Bytes) -> ApiResu
             }
             Err(e) => return Err(e),
         };
-        let mut patched = match pt {
-            PatchType::Apply => server_side_apply::apply(r, &old, &body)?,
-            _ => patch::apply(&old, &body, pt, r.def.kind).map_err(ApiError::from)?,
-        };
+        let mut patched = server_side_apply::patched(r, &old, &body, pt)?;
         check_type_meta(r.def, &mut patched)?;
         let patched_rv = objects::meta_str(&patched, "resourceVersion").map(String::from);
         let precondition = patched_rv
@@ -796,11 +806,8 @@ pub(crate) async fn delete_one(api: &ApiServer, r: &Req, opts: &DeleteOptions) -
             if marked == old {
                 return Ok(old);
             }
-            match api
-                .store
-                .update(&cur.key, convert::encode(r.def, &marked), cur.mod_revision)
-                .await
-            {
+            let bytes = convert::encode_converted(api, r.def, &marked).await?;
+            match api.store.update(&cur.key, bytes, cur.mod_revision).await {
                 Ok(kv) => {
                     meta_mut(&mut marked)
                         .insert("resourceVersion".into(), json!(kv.mod_revision.to_string()));

@@ -54,10 +54,9 @@ pub enum PatchType {
     Json,
     Merge,
     Strategic,
-    /// Server-side apply: see [`super::server_side_apply`]. [`apply`]
-    /// takes it as a strategic merge of the applied configuration, which
-    /// only the scale, ephemeralcontainers and approval subresources still
-    /// use.
+    /// Server-side apply: see [`super::server_side_apply`], which every
+    /// handler goes through. [`apply`] takes it as a strategic merge of
+    /// the applied configuration (the patch fuzzers' model).
     Apply,
 }
 

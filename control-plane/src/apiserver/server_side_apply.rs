@@ -17,6 +17,7 @@
 use serde_json::{json, Value};
 
 use super::fieldmanager::{self, ApplyError, ManagedFields, Shape, Writer};
+use super::patch::{self, PatchType};
 use super::resources::ResourceDef;
 use super::status::{ApiError, ApiResult};
 use super::{decode_body, objects, Req};
@@ -147,6 +148,30 @@ fn sync_last_applied(live: &Value, config: &Value, merged: &mut Value) {
     }
     if let Some(a) = merged["metadata"]["annotations"].as_object_mut() {
         a.insert(LAST_APPLIED.into(), Value::String(text));
+    }
+}
+
+/// What `live` becomes under the patch `body` of type `pt`: an apply
+/// through the field manager, any other patch as [`patch::apply`] makes
+/// it.
+///
+/// # Errors
+/// As [`apply`]; 400 or 422 for a patch that cannot apply.
+pub fn patched(r: &Req, live: &Value, body: &[u8], pt: PatchType) -> ApiResult<Value> {
+    match pt {
+        PatchType::Apply => apply(r, live, body),
+        _ => patch::apply(live, body, pt, r.def.kind).map_err(ApiError::from),
+    }
+}
+
+/// Subresources that build their update from part of what a patch asked
+/// for (ephemeral containers, a CSR's approval) keep an apply's
+/// ownership: the write records no Update for an apply.
+pub fn keep_applied_fields(r: &Req, patched: &Value, new: &mut Value) {
+    if is_apply(r) {
+        if let Some(mf) = patched["metadata"].get("managedFields") {
+            objects::meta_mut(new).insert("managedFields".into(), mf.clone());
+        }
     }
 }
 

@@ -115,6 +115,16 @@ async fn scale(
             Method::PATCH => {
                 let pt = PatchType::from_content_type(r.content_type())
                     .ok_or_else(|| ApiError::unsupported_media(r.content_type()))?;
+                // Upstream maps the parent's managedFields onto the Scale
+                // for an apply; until this server does, it refuses one
+                // rather than apply it without ownership.
+                if pt == PatchType::Apply {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        "server-side apply is not supported on the scale subresource; use a merge patch (kubectl scale) or apply the parent's spec.replicas",
+                    ));
+                }
                 patch::apply(&current, &body, pt, "Scale")
                     .map_err(|e| ApiError::bad_request(e.to_string()))?
             }

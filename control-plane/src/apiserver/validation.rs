@@ -99,7 +99,7 @@ fn name_by_rule(rule: NameRule, field: &str, name: &str, c: &mut Vec<Cause>) {
 
 /// Keys are qualified names (case-insensitive); all of them, keys and
 /// values, at most 256 KiB.
-fn annotations(meta: &Value, c: &mut Vec<Cause>) {
+pub(crate) fn annotations(meta: &Value, c: &mut Vec<Cause>) {
     let Some(m) = meta["annotations"].as_object() else {
         return;
     };

@@ -126,6 +126,7 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
                 }
             }
         }
+        initial = convert::served(api, def, initial).await?;
         list.revision
     } else {
         rv.unwrap_or_default()
@@ -178,7 +179,16 @@ pub(crate) async fn serve(api: &Arc<ApiServer>, r: &Req) -> ApiResult<Response<B
                             last = ev.revision();
                             match raw_ok.then(|| raw_event(&ev)).flatten() {
                                 Some(line) => Some(line),
-                                None => translate(def, &ev, &matches).map(|(ty, o)| enc.event(ty, o)),
+                                None => match translate(def, &ev, &matches) {
+                                    None => None,
+                                    Some((ty, o)) => match convert::served_one(&api, def, o).await {
+                                        Ok(o) => Some(enc.event(ty, o)),
+                                        Err(e) => {
+                                            let _ = tx.send(Ok(enc.event("ERROR", e.to_status()))).await;
+                                            return;
+                                        }
+                                    },
+                                },
                             }
                         }
                         Some(Err(store::Error::Compacted { requested, compacted })) => {

@@ -62,6 +62,36 @@ fn patch(ops: Value) -> String {
     base64::engine::general_purpose::STANDARD.encode(ops.to_string())
 }
 
+fn converted(response: Value) -> Bytes {
+    Bytes::from(
+        json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "response": response})
+            .to_string(),
+    )
+}
+
+/// The conversion of the conversion tests' Gauge kind: `spec.size` (a
+/// string) at v1 is `spec.count` (an integer) at v2.
+fn convert_gauges(request: &Value) -> Vec<Value> {
+    let to = request["desiredAPIVersion"].as_str().unwrap_or_default();
+    let mut out = Vec::new();
+    for o in request["objects"].as_array().into_iter().flatten() {
+        let mut o = o.clone();
+        o["apiVersion"] = json!(to);
+        if let Some(spec) = o["spec"].as_object_mut() {
+            if to.ends_with("/v2") {
+                let size = spec.remove("size");
+                let n = size.as_ref().and_then(Value::as_str).and_then(|s| s.parse::<i64>().ok());
+                spec.insert("count".into(), json!(n.unwrap_or(0)));
+            } else {
+                let count = spec.remove("count").and_then(|c| c.as_i64()).unwrap_or(0);
+                spec.insert("size".into(), json!(count.to_string()));
+            }
+        }
+        out.push(o);
+    }
+    out
+}
+
 /// The answer of the webhook at `path` to `request`:
 /// - `/mutate`: labels the object `webhook.test.skiff.io/mutated: "true"`.
 /// - `/annotate`: annotates it with how many labels it has.
@@ -70,10 +100,21 @@ fn patch(ops: Value) -> String {
 /// - `/garbage`: not JSON. `/bad-patch`: a patch that cannot apply.
 ///   `/patch`: a patch (from a validating webhook, where it is refused).
 ///   `/huge`: a 100 MiB answer. `/slow`: answers after 30 s.
+/// - `/convert`: ConversionReviews of Gauges ([`convert_gauges`]);
+///   `/convert-fail` refuses them, `/convert-uid` answers another uid.
 async fn answer(path: &str, request: &Value) -> Bytes {
     let uid = &request["uid"];
     let obj = &request["object"];
     match path {
+        "/convert" => converted(
+            json!({"uid": uid, "result": {"status": "Success"}, "convertedObjects": convert_gauges(request)}),
+        ),
+        "/convert-fail" => converted(
+            json!({"uid": uid, "result": {"status": "Failure", "message": "this webhook converts nothing"}}),
+        ),
+        "/convert-uid" => converted(
+            json!({"uid": "not-the-request-uid", "result": {"status": "Success"}, "convertedObjects": convert_gauges(request)}),
+        ),
         "/mutate" => {
             let ops = if obj["metadata"]["labels"].is_object() {
                 json!([{"op": "add", "path": "/metadata/labels/webhook.test.skiff.io~1mutated", "value": "true"}])

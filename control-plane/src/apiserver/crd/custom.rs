@@ -12,8 +12,14 @@ use std::sync::{Arc, RwLock};
 use schemars::SchemaGenerator;
 use serde_json::{json, Value};
 
+use futures::future::BoxFuture;
+
+use super::conversion::Webhook;
 use super::{jsonpath, structural};
 use crate::apiserver::cel;
+use crate::apiserver::convert::Version;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::ApiServer;
 use crate::apiserver::model::Model;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::resources::ResourceDef;
@@ -55,6 +61,8 @@ pub struct Rules {
     pub stored_api_version: String,
     /// `selectableFields` paths without the leading dot.
     pub selectable: &'static [&'static str],
+    /// The definition's conversion webhook; None: conversion `None`.
+    pub conversion: Option<Arc<Webhook>>,
 }
 
 /// A served custom kind at one version.
@@ -197,29 +205,71 @@ impl Strategy for CustomKind {
     }
 
     /// Every version shares the stored objects: each is served with its
-    /// own apiVersion (conversion strategy `None`).
+    /// own apiVersion.
     fn converts(&self) -> bool {
         true
     }
 
-    /// Objects are stored at the storage version (conversion `None` only
-    /// rewrites apiVersion).
+    /// Objects are stored at the storage version: conversion `None` only
+    /// rewrites apiVersion; a webhook's kinds were converted by
+    /// [`Strategy::convert`] before.
     fn to_stored(&self, _def: &ResourceDef, obj: &Value) -> Value {
+        let rules = self.rules();
         let mut out = obj.clone();
-        if let Some(m) = out.as_object_mut() {
-            m.insert("apiVersion".into(), json!(self.rules().stored_api_version));
+        if let (None, Some(m)) = (&rules.conversion, out.as_object_mut()) {
+            m.insert("apiVersion".into(), json!(rules.stored_api_version));
         }
         out
     }
 
     /// Defaults also apply on read (upstream's defaulting of stored
     /// objects), so a default added to the schema shows on old objects.
+    /// With a webhook, an object at another version is left for
+    /// [`Strategy::convert`].
     fn to_served(&self, def: &ResourceDef, mut obj: Value) -> Value {
+        let api_version = def.api_version();
+        if self.rules().conversion.is_some() && obj["apiVersion"] != api_version.as_str() {
+            return obj;
+        }
         if let Some(m) = obj.as_object_mut() {
-            m.insert("apiVersion".into(), json!(def.api_version()));
+            m.insert("apiVersion".into(), json!(api_version));
         }
         self.default(&mut obj);
         obj
+    }
+
+    /// Through the webhook; what comes back for the served version is
+    /// pruned and defaulted by its schema, as a decoded request is.
+    fn convert<'a>(
+        &'a self,
+        api: &'a ApiServer,
+        def: &'a ResourceDef,
+        objs: Vec<Value>,
+        to: Version,
+    ) -> BoxFuture<'a, ApiResult<Vec<Value>>> {
+        let rules = self.rules();
+        let Some(hook) = rules.conversion.clone() else {
+            return Box::pin(std::future::ready(Ok(objs)));
+        };
+        Box::pin(async move {
+            let target = match to {
+                Version::Served => def.api_version(),
+                Version::Stored => rules.stored_api_version.clone(),
+            };
+            let mut out = hook
+                .convert(api, objs, &target)
+                .await
+                .map_err(ApiError::internal)?;
+            if to == Version::Served {
+                for o in &mut out {
+                    if let Some(s) = &rules.schema {
+                        structural::prune(s, o);
+                    }
+                    self.default(o);
+                }
+            }
+            Ok(out)
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use crate::apiserver::cel;
 use crate::apiserver::handlers::DeleteOptions;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::status::Cause;
-use crate::apiserver::strategy::{self, Strategy};
+use crate::apiserver::strategy::{self, webhookconfig, Strategy};
 use crate::apiserver::table::{self, Col};
 use crate::apiserver::validation::{dns1035_label, dns_subdomain, is_dns1035_label};
 use crate::apiserver::ApiServer;
@@ -232,18 +232,77 @@ fn versions(spec: &Value, c: &mut Vec<Cause>) {
     }
 }
 
+/// Upstream's `ValidateCustomResourceConversion`; its causes name the
+/// internal fields (`webhookClientConfig`), as upstream's do.
 fn conversion(spec: &Value, c: &mut Vec<Cause>) {
-    match s(&spec["conversion"]["strategy"]) {
-        "" | "None" => {}
-        "Webhook" => c.push(Cause::forbidden(
-            "spec.conversion.strategy",
-            "Webhook conversion is not supported by this server yet; use None",
-        )),
+    let conv = &spec["conversion"];
+    let webhook = &conv["webhook"];
+    match s(&conv["strategy"]) {
+        "" | "None" => {
+            let forbidden = "should not be set when strategy is not set to Webhook";
+            if !webhook["clientConfig"].is_null() {
+                c.push(Cause::forbidden(
+                    "spec.conversion.webhookClientConfig",
+                    forbidden,
+                ));
+            }
+            if webhook["conversionReviewVersions"]
+                .as_array()
+                .is_some_and(|v| !v.is_empty())
+            {
+                c.push(Cause::forbidden(
+                    "spec.conversion.conversionReviewVersions",
+                    forbidden,
+                ));
+            }
+        }
+        "Webhook" => {
+            if webhook["clientConfig"].is_object() {
+                webhookconfig::client_config(
+                    &webhook["clientConfig"],
+                    "spec.conversion.webhookClientConfig",
+                    c,
+                );
+            } else {
+                c.push(Cause::required_because(
+                    "spec.conversion.webhookClientConfig",
+                    "required when strategy is set to Webhook",
+                ));
+            }
+            review_versions(&webhook["conversionReviewVersions"], c);
+        }
         other => c.push(Cause::not_supported(
             "spec.conversion.strategy",
             other,
             &["None", "Webhook"],
         )),
+    }
+}
+
+/// DNS labels, no duplicates, at least one this server speaks.
+fn review_versions(versions: &Value, c: &mut Vec<Cause>) {
+    let field = "spec.conversion.conversionReviewVersions";
+    let known = "must include at least one of v1, v1beta1";
+    let list: Vec<&str> = versions
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| v.as_str().unwrap_or_default())
+        .collect();
+    if list.is_empty() {
+        c.push(Cause::required_because(field, known));
+        return;
+    }
+    for (i, v) in list.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        if list[..i].contains(v) {
+            c.push(Cause::invalid(&at, v, "duplicate version"));
+        } else {
+            dns1035_label(&at, v, c);
+        }
+    }
+    if !list.iter().any(|v| ["v1", "v1beta1"].contains(v)) {
+        c.push(Cause::invalid_json(field, versions, known));
     }
 }
 
@@ -279,6 +338,15 @@ impl Strategy for Definition {
         let conv = spec.entry("conversion").or_insert_with(|| json!({}));
         if let Some(conv) = conv.as_object_mut() {
             conv.entry("strategy").or_insert_with(|| json!("None"));
+            // Upstream's SetDefaults_ServiceReference.
+            if let Some(svc) = conv
+                .get_mut("webhook")
+                .and_then(|w| w.get_mut("clientConfig"))
+                .and_then(|cc| cc.get_mut("service"))
+                .and_then(Value::as_object_mut)
+            {
+                svc.entry("port").or_insert_with(|| json!(443));
+            }
         }
     }
 

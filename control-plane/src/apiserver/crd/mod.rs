@@ -6,11 +6,13 @@
 //! - [`establish`]: naming, establishing and cleanup, following the store.
 //! - [`registry`]: what this server serves beyond its built-in kinds.
 //! - [`custom`]: a custom kind's model and strategy (schema, columns, scale).
+//! - [`conversion`]: conversion webhooks between a kind's versions.
 //! - [`structural`]: structural schemas: checks, pruning, defaulting, validation.
 //! - [`crate::apiserver::cel`] runs the schemas' `x-kubernetes-validations` rules.
 //! - [`jsonpath`]: the printer columns' paths; [`versions`]: version order;
 //!   [`intern`]: the `'static` rows custom kinds are served under.
 
+pub mod conversion;
 pub mod custom;
 pub mod definition;
 pub mod establish;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::Value;
 
+use super::conversion::Webhook;
 use super::custom::{CustomKind, PrinterColumn, Rules, ScalePaths};
 use super::intern;
 use super::versions;
@@ -170,6 +171,7 @@ impl Registry {
                 .and_then(|v| v["name"].as_str())
                 .unwrap_or_default();
             let stored_api_version = format!("{group}/{storage}");
+            let conversion = Webhook::of_definition(spec).map(Arc::new);
             let mut served_versions = Vec::new();
             for v in spec["versions"].as_array().into_iter().flatten() {
                 if v["served"] != true {
@@ -206,6 +208,7 @@ impl Registry {
                     scale: scale_paths(&subs["scale"]),
                     status: subs["status"].is_object(),
                     stored_api_version: stored_api_version.clone(),
+                    conversion: conversion.clone(),
                     selectable: intern::strs(&selectable),
                 });
                 defs.push(def);

@@ -25,10 +25,12 @@ use serde_json::{json, Value};
 
 use super::{handler, Serve, Strategy, Subresource};
 use crate::apiserver::handlers::{self, get_object, write_update, Attempt};
-use crate::apiserver::patch::{self, PatchType};
+use crate::apiserver::patch::PatchType;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::table::{age_cell, human_duration, name_cell, or_none, s, Col, AGE, NAME};
-use crate::apiserver::{check_type_meta, decode_body, json_response, model, objects, validation};
+use crate::apiserver::{
+    check_type_meta, decode_body, json_response, model, objects, server_side_apply, validation,
+};
 use crate::apiserver::{ApiServer, Req};
 use crate::auth::{csr as csr_auth, Attributes};
 
@@ -167,7 +169,7 @@ async fn subresource(
         } else {
             let pt = PatchType::from_content_type(r.content_type())
                 .ok_or_else(|| ApiError::unsupported_media(r.content_type()))?;
-            patch::apply(&old, &body, pt, r.def.kind).map_err(ApiError::from)?
+            server_side_apply::patched(r, &old, &body, pt)?
         };
         let sent_rv = objects::meta_str(&wanted, "resourceVersion")
             .filter(|v| !v.is_empty())
@@ -181,11 +183,12 @@ async fn subresource(
         let (wanted, _) = model::decode_typed(r.def, &wanted)
             .map_err(|e| ApiError::bad_request(format!("CertificateSigningRequest: {e}")))?;
         let now = objects::now_rfc3339();
-        let new = if sub == "approval" {
+        let mut new = if sub == "approval" {
             approval_update(&old, &wanted, &now)
         } else {
             status_update(&old, &wanted, &now)
         };
+        server_side_apply::keep_applied_fields(r, &wanted, &mut new);
         check_update(r, sub, &old, &new)?;
         authorize_signer(api, r, sub, &old, &new).await?;
         match write_update(api, r, &cur, &old, new, sent_rv.is_some()).await? {

@@ -255,7 +255,7 @@ pub(crate) fn rule_with_operations(rule: &Value, path: &str, c: &mut Vec<Cause>)
 
 /// Exactly one of `url` (https, no user, query or fragment) and
 /// `service` (name, namespace, a path starting with `/`, a port).
-fn client_config(cc: &Value, path: &str, c: &mut Vec<Cause>) {
+pub(crate) fn client_config(cc: &Value, path: &str, c: &mut Vec<Cause>) {
     match (cc.get("url").and_then(Value::as_str), cc.get("service")) {
         (Some(_), Some(s)) if !s.is_null() => c.push(Cause::required_because(
             path,

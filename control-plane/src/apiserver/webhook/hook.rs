@@ -27,6 +27,30 @@ pub enum Target {
     },
 }
 
+impl Target {
+    /// A `clientConfig`'s `url` or `service`; None for one validation
+    /// would have refused.
+    pub fn from_client_config(cc: &Value) -> Option<Target> {
+        Some(match cc["url"].as_str() {
+            Some(url) => Target::Url(url.to_string()),
+            None => Target::Service {
+                namespace: cc["service"]["namespace"].as_str()?.to_string(),
+                name: cc["service"]["name"].as_str()?.to_string(),
+                path: cc["service"]["path"].as_str().unwrap_or("/").to_string(),
+                port: u16::try_from(cc["service"]["port"].as_u64().unwrap_or(443)).ok()?,
+            },
+        })
+    }
+}
+
+/// A `clientConfig`'s `caBundle`, decoded (empty: the system's roots).
+pub fn ca_bundle(cc: &Value) -> Vec<u8> {
+    cc["caBundle"]
+        .as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .unwrap_or_default()
+}
+
 /// A webhook, ready to match and call.
 pub struct Hook {
     /// The configuration it belongs to.
@@ -57,19 +81,7 @@ impl Hook {
             })
             .collect::<Option<Vec<_>>>()?;
         let cc = &spec["clientConfig"];
-        let target = match cc["url"].as_str() {
-            Some(url) => Target::Url(url.to_string()),
-            None => Target::Service {
-                namespace: cc["service"]["namespace"].as_str()?.to_string(),
-                name: cc["service"]["name"].as_str()?.to_string(),
-                path: cc["service"]["path"].as_str().unwrap_or("/").to_string(),
-                port: u16::try_from(cc["service"]["port"].as_u64().unwrap_or(443)).ok()?,
-            },
-        };
-        let ca = cc["caBundle"]
-            .as_str()
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-            .unwrap_or_default();
+        let target = Target::from_client_config(cc)?;
         let timeout = spec["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30);
         Some(Hook {
             config: config.to_string(),
@@ -81,7 +93,7 @@ impl Hook {
             timeout: Duration::from_secs(timeout),
             reinvoke: spec["reinvocationPolicy"].as_str() == Some("IfNeeded"),
             target,
-            client: Client::new(&ca),
+            client: Client::new(&ca_bundle(cc)),
         })
     }
 

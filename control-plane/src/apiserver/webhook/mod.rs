@@ -291,62 +291,71 @@ impl<'a> Call<'a> {
         }
     }
 
-    /// Where and how to post to `hook`: its URL, or a ready endpoint of
-    /// its service.
+    /// Where and how to post to `hook`.
     async fn post(&self, hook: &Hook, body: Vec<u8>) -> Result<Post, String> {
-        let (dial, server_name, url) = match &hook.target {
-            Target::Url(url) => {
-                let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
-                let host = uri.host().unwrap_or_default();
-                let host = host
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .to_string();
-                let port = uri.port_u16().unwrap_or(443);
-                (Dial::Direct(host.clone(), port), host, url.clone())
-            }
-            Target::Service {
-                namespace,
-                name,
-                path,
-                port,
-            } => {
-                let host = format!("{name}.{namespace}.svc");
-                let url = format!("https://{host}:{port}{path}");
-                let endpoints = httpproxy::service_endpoints(
-                    self.base.api,
-                    namespace,
-                    name,
-                    Some(&port.to_string()),
-                )
-                .await
-                .map_err(|e| format!("Post {url:?}: {}", e.message))?;
-                if endpoints.is_empty() {
-                    return Err(format!(
-                        "Post {url:?}: no endpoints available for service {name:?}"
-                    ));
-                }
-                let pick = rand::rng().random_range(0..endpoints.len());
-                let e = endpoints[pick].clone();
-                let dial = match e.node {
-                    Some(node) => Dial::Tunnel {
-                        node,
-                        ip: e.ip,
-                        port: e.port,
-                    },
-                    None => Dial::Direct(e.ip, e.port),
-                };
-                (dial, host, url)
-            }
-        };
-        Ok(Post {
-            dial,
-            server_name,
-            url,
-            body,
-            timeout: hook.timeout,
-        })
+        post_to(self.base.api, &hook.target, body, hook.timeout).await
     }
+}
+
+/// Where and how to post `body` to `target`: its URL, or a ready endpoint
+/// of its service (a random one).
+///
+/// # Errors
+/// The URL cannot be parsed, or the service has no ready endpoint.
+pub(crate) async fn post_to(
+    api: &ApiServer,
+    target: &Target,
+    body: Vec<u8>,
+    timeout: std::time::Duration,
+) -> Result<Post, String> {
+    let (dial, server_name, url) = match target {
+        Target::Url(url) => {
+            let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
+            let host = uri.host().unwrap_or_default();
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let port = uri.port_u16().unwrap_or(443);
+            (Dial::Direct(host.clone(), port), host, url.clone())
+        }
+        Target::Service {
+            namespace,
+            name,
+            path,
+            port,
+        } => {
+            let host = format!("{name}.{namespace}.svc");
+            let url = format!("https://{host}:{port}{path}");
+            let endpoints =
+                httpproxy::service_endpoints(api, namespace, name, Some(&port.to_string()))
+                    .await
+                    .map_err(|e| format!("Post {url:?}: {}", e.message))?;
+            if endpoints.is_empty() {
+                return Err(format!(
+                    "Post {url:?}: no endpoints available for service {name:?}"
+                ));
+            }
+            let pick = rand::rng().random_range(0..endpoints.len());
+            let e = endpoints[pick].clone();
+            let dial = match e.node {
+                Some(node) => Dial::Tunnel {
+                    node,
+                    ip: e.ip,
+                    port: e.port,
+                },
+                None => Dial::Direct(e.ip, e.port),
+            };
+            (dial, host, url)
+        }
+    };
+    Ok(Post {
+        dial,
+        server_name,
+        url,
+        body,
+        timeout,
+    })
 }
 
 /// A denial as the client sees it (upstream's `ToStatusErr`).

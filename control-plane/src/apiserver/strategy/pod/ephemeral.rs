@@ -17,7 +17,8 @@ use serde_json::{json, Map, Value};
 use crate::apiserver::defaults;
 use crate::apiserver::handlers::{self, get_object, write_update_warned, Attempt};
 use crate::apiserver::objects;
-use crate::apiserver::patch::{self, PatchType};
+use crate::apiserver::patch::PatchType;
+use crate::apiserver::server_side_apply;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::validation;
 use crate::apiserver::{decode_body, json_response, with_warnings, ApiServer, Req};
@@ -59,7 +60,7 @@ pub(super) async fn ephemeral_containers(
                 if body.is_empty() {
                     return Err(ApiError::bad_request("the patch body is empty"));
                 }
-                patch::apply(&old, &body, pt, "Pod").map_err(ApiError::from)?
+                server_side_apply::patched(r, &old, &body, pt)?
             }
             ref m => {
                 return Err(ApiError::method_not_allowed(format!(
@@ -93,6 +94,7 @@ pub(super) async fn ephemeral_containers(
                 spec.remove("ephemeralContainers");
             }
         }
+        server_side_apply::keep_applied_fields(r, &wanted, &mut new);
         let causes = validate_update(&old, &new);
         if !causes.is_empty() {
             return Err(ApiError::invalid("Pod", "", r.name(), causes));
