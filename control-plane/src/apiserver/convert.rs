@@ -50,7 +50,7 @@ pub fn encode(def: &ResourceDef, obj: &Value) -> Vec<u8> {
 /// # Errors
 /// 500 when the conversion fails.
 pub async fn served(api: &ApiServer, def: &ResourceDef, objs: Vec<Value>) -> ApiResult<Vec<Value>> {
-    if !converts(def) || objs.is_empty() {
+    if !def.strategy.converts_by_call() || objs.is_empty() {
         return Ok(objs);
     }
     def.strategy.convert(api, def, objs, Version::Served).await
@@ -70,7 +70,7 @@ pub async fn served_one(api: &ApiServer, def: &ResourceDef, obj: Value) -> ApiRe
 /// # Errors
 /// 500 when the conversion fails.
 pub async fn encode_converted(api: &ApiServer, def: &ResourceDef, obj: &Value) -> ApiResult<Vec<u8>> {
-    if !converts(def) {
+    if !def.strategy.converts_by_call() {
         return Ok(encode(def, obj));
     }
     let stored = one(

@@ -238,6 +238,10 @@ impl Strategy for CustomKind {
         obj
     }
 
+    fn converts_by_call(&self) -> bool {
+        self.rules().conversion.is_some()
+    }
+
     /// Through the webhook; what comes back for the served version is
     /// pruned and defaulted by its schema, as a decoded request is.
     fn convert<'a>(

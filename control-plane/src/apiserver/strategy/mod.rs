@@ -281,6 +281,12 @@ pub trait Strategy: Send + Sync {
         obj
     }
 
+    /// Whether [`Strategy::convert`] may have work to do: then objects
+    /// pass through it on their way in and out.
+    fn converts_by_call(&self) -> bool {
+        false
+    }
+
     /// Objects [`Strategy::to_served`] or [`Strategy::to_stored`] left at
     /// another version than `to` wants, brought to it where that takes a
     /// call (a custom kind's conversion webhook).
