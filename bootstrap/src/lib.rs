@@ -12,9 +12,12 @@
 //! - [`names`]: the well-known names both sides use: the bootstrap token
 //!   Secrets and their keys, the bootstrap identities, the signers of node
 //!   certificates, the CA endpoint.
+//! - [`discovery`]: the cluster CA, fetched without trust and pinned by
+//!   the join token (agents and joining servers alike).
 #![forbid(unsafe_code)]
 
 pub mod csr;
+pub mod discovery;
 pub mod identity;
 pub mod names;
 pub mod token;

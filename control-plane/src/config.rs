@@ -41,6 +41,17 @@ pub struct Settings {
     pub secure_port: Option<u16>,
     /// `http://host:port[,...]`: use etcd instead of the embedded SQLite.
     pub datastore_endpoint: Option<String>,
+    pub datastore_cafile: Option<PathBuf>,
+    pub datastore_certfile: Option<PathBuf>,
+    pub datastore_keyfile: Option<PathBuf>,
+    /// Start a managed etcd cluster with this server as its first member.
+    pub cluster_init: Option<bool>,
+    /// Join the managed etcd cluster of the server at this URL.
+    pub server: Option<String>,
+    /// The join token (`K10...`) for `server`.
+    pub token: Option<String>,
+    /// This server's name (its etcd member's, its snapshots').
+    pub node_name: Option<String>,
     pub service_cluster_ip_range: Option<String>,
     pub cluster_cidr: Option<String>,
     pub token_auth_file: Option<PathBuf>,
@@ -139,6 +150,13 @@ impl Settings {
             bind_address: self.bind_address.or(other.bind_address),
             secure_port: self.secure_port.or(other.secure_port),
             datastore_endpoint: self.datastore_endpoint.or(other.datastore_endpoint),
+            datastore_cafile: self.datastore_cafile.or(other.datastore_cafile),
+            datastore_certfile: self.datastore_certfile.or(other.datastore_certfile),
+            datastore_keyfile: self.datastore_keyfile.or(other.datastore_keyfile),
+            cluster_init: self.cluster_init.or(other.cluster_init),
+            server: self.server.or(other.server),
+            token: self.token.or(other.token),
+            node_name: self.node_name.or(other.node_name),
             service_cluster_ip_range: self
                 .service_cluster_ip_range
                 .or(other.service_cluster_ip_range),
@@ -239,6 +257,29 @@ impl Settings {
     }
 }
 
+/// A managed etcd member (`--cluster-init`, `--server`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagedEtcd {
+    /// The member's name.
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    /// Join through this server the first time (no member in the data
+    /// directory yet); None: start the cluster.
+    pub join: Option<Join>,
+}
+
+/// `--server` and `--token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Join {
+    pub server: String,
+    pub token: String,
+}
+
+/// etcd's client and peer ports.
+pub const ETCD_CLIENT_PORT: u16 = 2379;
+pub const ETCD_PEER_PORT: u16 = 2380;
+
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -248,6 +289,12 @@ pub struct Config {
     pub secure_port: u16,
     /// Empty: SQLite in `data_dir`.
     pub datastore_endpoints: Vec<String>,
+    /// Client TLS towards etcd.
+    pub datastore_tls: Option<crate::store::etcd::Tls>,
+    /// This server runs a member of the cluster's etcd.
+    pub managed_etcd: Option<ManagedEtcd>,
+    /// This server's name: its etcd member's, its snapshots'.
+    pub node_name: String,
     pub service_cidr: crate::apiserver::ipalloc::Cidr,
     pub cluster_cidr: String,
     pub token_auth_file: Option<PathBuf>,
@@ -313,6 +360,32 @@ impl Config {
             None => flags,
         };
         let audit = audit_options(&s)?;
+        let mut datastore_endpoints: Vec<String> = s
+            .datastore_endpoint
+            .clone()
+            .map(|e| {
+                e.split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let data_dir: PathBuf = s
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        let node_name = s
+            .node_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(crate::server::hostname);
+        let managed_etcd = managed_etcd(&s, &data_dir, &node_name)?;
+        let mut datastore_tls = datastore_tls(&s)?;
+        if let Some(m) = &managed_etcd {
+            let layout = crate::store::managed::Layout::new(&data_dir, m.client_port);
+            datastore_endpoints = vec![layout.local_client_url()];
+            datastore_tls = Some(layout.tls());
+        }
         let bind = s.bind_address.unwrap_or_else(|| "127.0.0.1".into());
         let bind_address = bind.parse().map_err(|_| Error::Invalid {
             field: "bind-address",
@@ -336,15 +409,6 @@ impl Config {
             value: cluster_cidr.clone(),
             why: e.to_string(),
         })?;
-        let datastore_endpoints = s
-            .datastore_endpoint
-            .map(|e| {
-                e.split(',')
-                    .map(|x| x.trim().to_string())
-                    .filter(|x| !x.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
         let duration = |field: &'static str, v: Option<String>, default: u64| match v {
             None => Ok(Duration::from_secs(default)),
             Some(v) => parse_duration(&v).map_err(|_| Error::Invalid {
@@ -361,10 +425,6 @@ impl Config {
                 why: "must be between 8 and 30".into(),
             });
         }
-        let data_dir: PathBuf = s
-            .data_dir
-            .clone()
-            .unwrap_or_else(|| DEFAULT_DATA_DIR.into());
         let service_accounts = crate::auth::satoken::Settings {
             issuers: s.service_account_issuer.clone().unwrap_or_default(),
             api_audiences: s.api_audiences.clone().unwrap_or_default(),
@@ -464,6 +524,9 @@ impl Config {
             bind_address,
             secure_port: s.secure_port.unwrap_or(6443),
             datastore_endpoints,
+            datastore_tls,
+            managed_etcd,
+            node_name,
             service_cidr,
             cluster_cidr,
             token_auth_file: s.token_auth_file,
@@ -546,9 +609,136 @@ fn audit_options(s: &Settings) -> Result<Option<crate::apiserver::audit::Options
 /// every duration flag takes.
 pub use kube_util::duration::parse_duration_or_seconds as parse_duration;
 
+/// Managed etcd from `--cluster-init`, `--server` and `--token`, or from
+/// a member already in the data directory (a restart needs no flags).
+fn managed_etcd(s: &Settings, data_dir: &Path, name: &str) -> Result<Option<ManagedEtcd>, Error> {
+    let init = s.cluster_init.unwrap_or(false);
+    let server = s.server.clone().filter(|v| !v.is_empty());
+    let invalid = |field: &'static str, value: &str, why: &str| Error::Invalid {
+        field,
+        value: value.to_string(),
+        why: why.to_string(),
+    };
+    if let (true, Some(url)) = (init, &server) {
+        return Err(invalid(
+            "server",
+            url,
+            "--cluster-init starts a cluster and --server joins one: pass one of them",
+        ));
+    }
+    let existing = crate::store::managed::Layout::new(data_dir, ETCD_CLIENT_PORT).has_member();
+    if !(init || server.is_some() || existing) {
+        return Ok(None);
+    }
+    if let Some(e) = &s.datastore_endpoint {
+        return Err(invalid(
+            "datastore-endpoint",
+            e,
+            "this server runs a managed etcd member (--cluster-init, --server, or one in --data-dir): the datastore is that etcd",
+        ));
+    }
+    let join = match server {
+        None => None,
+        Some(url) => {
+            let token = s.token.clone().filter(|t| !t.is_empty()).ok_or_else(|| {
+                invalid("token", "", "--server needs --token (skiff-server token create --groups system:bootstrappers:skiff:servers on the first server)")
+            })?;
+            Some(Join { server: url, token })
+        }
+    };
+    if name.is_empty() {
+        return Err(invalid(
+            "node-name",
+            name,
+            "the host has no name: pass --node-name",
+        ));
+    }
+    Ok(Some(ManagedEtcd {
+        name: name.to_string(),
+        client_port: ETCD_CLIENT_PORT,
+        peer_port: ETCD_PEER_PORT,
+        join,
+    }))
+}
+
+/// `--datastore-cafile`, `--datastore-certfile`, `--datastore-keyfile`:
+/// all three or none.
+fn datastore_tls(s: &Settings) -> Result<Option<crate::store::etcd::Tls>, Error> {
+    match (
+        &s.datastore_cafile,
+        &s.datastore_certfile,
+        &s.datastore_keyfile,
+    ) {
+        (None, None, None) => Ok(None),
+        (Some(ca), Some(cert), Some(key)) => Ok(Some(crate::store::etcd::Tls {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        })),
+        _ => Err(Error::Invalid {
+            field: "datastore-cafile",
+            value: String::new(),
+            why: "--datastore-cafile, --datastore-certfile and --datastore-keyfile go together"
+                .into(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn managed_etcd_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = || Settings {
+            data_dir: Some(dir.path().to_path_buf()),
+            node_name: Some("a".into()),
+            ..Default::default()
+        };
+        let plain = Config::resolve(base(), None).unwrap();
+        assert!(plain.managed_etcd.is_none() && plain.datastore_endpoints.is_empty());
+        let init = Config::resolve(
+            Settings {
+                cluster_init: Some(true),
+                ..base()
+            },
+            None,
+        )
+        .unwrap();
+        assert_eq!(init.datastore_endpoints, ["https://127.0.0.1:2379"]);
+        assert_eq!(
+            init.datastore_tls.unwrap().ca,
+            dir.path().join("pki/etcd-ca.crt")
+        );
+        assert_eq!(init.managed_etcd.unwrap().join, None);
+        let refused = |s: Settings| Config::resolve(s, None).unwrap_err().to_string();
+        assert!(refused(Settings {
+            cluster_init: Some(true),
+            server: Some("https://h:6443".into()),
+            ..base()
+        })
+        .contains("pass one of them"));
+        assert!(refused(Settings {
+            server: Some("https://h:6443".into()),
+            ..base()
+        })
+        .contains("--server needs --token"));
+        assert!(refused(Settings {
+            cluster_init: Some(true),
+            datastore_endpoint: Some("http://e:2379".into()),
+            ..base()
+        })
+        .contains("the datastore is that etcd"));
+        assert!(refused(Settings {
+            datastore_cafile: Some("/ca".into()),
+            ..base()
+        })
+        .contains("go together"));
+        // A restart needs no flag: the member in the data dir says it.
+        std::fs::create_dir_all(dir.path().join("etcd/member")).unwrap();
+        assert!(Config::resolve(base(), None).unwrap().managed_etcd.is_some());
+    }
 
     #[test]
     fn flags_win_over_file() {

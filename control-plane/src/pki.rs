@@ -79,6 +79,24 @@ fn read_file(path: &Path) -> Result<String> {
     })
 }
 
+/// `sans` (IPs or DNS names) as SAN entries, empty and repeated ones
+/// left out.
+fn san_types(sans: &[String]) -> Result<Vec<SanType>> {
+    let mut seen: Vec<&String> = Vec::new();
+    let mut out = Vec::new();
+    for s in sans {
+        if s.is_empty() || seen.contains(&s) {
+            continue;
+        }
+        seen.push(s);
+        out.push(match s.parse::<std::net::IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(s.clone().try_into().map_err(cert_err("certificate SAN"))?),
+        });
+    }
+    Ok(out)
+}
+
 /// Validity window: from yesterday (clock skew) for `years`.
 fn validity(params: &mut CertificateParams, years: i32) {
     let from = (jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24))
@@ -108,6 +126,18 @@ impl Pki {
     /// As [`Pki::load_or_create`].
     pub fn front_proxy(data_dir: &Path) -> Result<Pki> {
         Pki::named(data_dir, "front-proxy-ca", "skiff-front-proxy-ca")
+    }
+
+    /// The etcd CA of managed etcd (`DATA_DIR/pki/etcd-ca.*`, created by
+    /// the first server, copied to those that join): it signs the
+    /// members' certificates, which are also the servers' etcd client
+    /// certificates. A CA of its own, so that no cluster client
+    /// certificate reaches etcd.
+    ///
+    /// # Errors
+    /// As [`Pki::load_or_create`].
+    pub fn etcd(data_dir: &Path) -> Result<Pki> {
+        Pki::named(data_dir, "etcd-ca", "skiff-etcd-ca")
     }
 
     fn named(data_dir: &Path, stem: &str, common_name: &str) -> Result<Pki> {
@@ -201,18 +231,7 @@ impl Pki {
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "skiff-apiserver");
         params.distinguished_name = dn;
-        let mut seen = Vec::new();
-        for s in sans {
-            if s.is_empty() || seen.contains(s) {
-                continue;
-            }
-            seen.push(s.clone());
-            let san = match s.parse::<std::net::IpAddr>() {
-                Ok(ip) => SanType::IpAddress(ip),
-                Err(_) => SanType::DnsName(s.clone().try_into().map_err(cert_err("serving SAN"))?),
-            };
-            params.subject_alt_names.push(san);
-        }
+        params.subject_alt_names = san_types(sans)?;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
@@ -223,6 +242,31 @@ impl Pki {
         write_file(&self.dir.join("server.crt"), &ck.cert_pem, false)?;
         write_file(&self.dir.join("server.key"), &ck.key_pem, true)?;
         Ok(ck)
+    }
+
+    /// An etcd member's certificate (CN `name`, server and client use,
+    /// for `sans`): it serves clients and peers and is presented to
+    /// them.
+    ///
+    /// # Errors
+    /// A SAN is neither an IP nor a DNS name, or signing fails.
+    pub fn member_cert(&self, name: &str, sans: &[String]) -> Result<CertKey> {
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(cert_err("member parameters"))?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name);
+        params.distinguished_name = dn;
+        params.subject_alt_names = san_types(sans)?;
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        validity(&mut params, 1);
+        self.issue(params, "issuing an etcd member certificate")
     }
 
     /// A client certificate for `user` in `groups`.

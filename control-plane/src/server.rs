@@ -111,7 +111,11 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, Error> {
         let s = store::SqliteStore::open(cfg.data_dir.join(store::SQLITE_FILE)).await?;
         Ok(Arc::new(s))
     } else {
-        let s = store::etcd::EtcdStore::connect(&cfg.datastore_endpoints).await?;
+        let s = store::etcd::EtcdStore::connect_tls(
+            &cfg.datastore_endpoints,
+            cfg.datastore_tls.as_ref(),
+        )
+        .await?;
         Ok(Arc::new(s))
     }
 }
@@ -138,7 +142,7 @@ pub fn encrypted(cfg: &Config, store: Arc<dyn Store>) -> Result<Arc<dyn Store>, 
 
 /// The address other hosts reach this server on: the bind address, or the
 /// host's first non-loopback IPv4 when bound to all addresses.
-fn advertise_ip(cfg: &Config) -> std::net::IpAddr {
+pub(crate) fn advertise_ip(cfg: &Config) -> std::net::IpAddr {
     if !cfg.bind_address.is_unspecified() {
         return cfg.bind_address;
     }
@@ -154,13 +158,12 @@ fn advertise_ip(cfg: &Config) -> std::net::IpAddr {
 
 /// This server's snapshot directory; files carry its host name.
 pub fn snapshots(cfg: &Config) -> store::snapshots::Snapshots {
-    let host = hostname();
     store::snapshots::Snapshots {
         dir: cfg.snapshot_dir.clone(),
-        node: if host.is_empty() {
+        node: if cfg.node_name.is_empty() {
             "skiff-server".into()
         } else {
-            host
+            cfg.node_name.clone()
         },
     }
 }
@@ -269,6 +272,14 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     api.set_kubelet_client(&pki.kubelet_client_cert()?)
         .map_err(|e| Error::Tls(format!("kubelet client certificate: {e}")))?;
     api.set_cluster_ca(pki.ca_pem());
+    if let (Some(_), Some(tls)) = (&cfg.managed_etcd, &cfg.datastore_tls) {
+        api.set_server_join(store::managed::join::Source {
+            data_dir: cfg.data_dir.clone(),
+            service_account_key: cfg.service_accounts.signing_key_file.clone(),
+            endpoints: cfg.datastore_endpoints.clone(),
+            tls: tls.clone(),
+        });
+    }
     let front_proxy = Pki::front_proxy(&cfg.data_dir)?;
     api.aggregator.set_front_proxy(
         front_proxy.ca_pem(),

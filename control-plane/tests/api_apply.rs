@@ -333,7 +333,8 @@ async fn subresource_applies_are_owned_or_refused() {
         "PATCH",
         "/apis/apps/v1/namespaces/default/deployments/web/scale?fieldManager=hpa",
         "application/apply-patch+yaml",
-        b"apiVersion: autoscaling/v1\nkind: Scale\nmetadata: {name: web}\nspec: {replicas: 3}\n".to_vec(),
+        b"apiVersion: autoscaling/v1\nkind: Scale\nmetadata: {name: web}\nspec: {replicas: 3}\n"
+            .to_vec(),
     )
     .await;
     assert_eq!(code, 415, "{body}");

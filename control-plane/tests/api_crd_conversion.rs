@@ -98,11 +98,19 @@ async fn a_conversion_webhook_converts_between_versions() {
         .collect();
     assert_eq!(counts, [&serde_json::json!(3), &serde_json::json!(5)]);
     assert_eq!(reviews().len(), before + 1);
-    assert_eq!(reviews().pop().unwrap()["objects"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        reviews().pop().unwrap()["objects"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     let table = ok(s.kubectl(&["get", "gauges.v2.example.com"]));
     assert!(table.contains("COUNT"), "{table}");
     assert!(
-        table.lines().any(|l| l.starts_with("b ") && l.contains(" 5")),
+        table
+            .lines()
+            .any(|l| l.starts_with("b ") && l.contains(" 5")),
         "{table}"
     );
 
@@ -151,7 +159,13 @@ async fn a_conversion_webhook_converts_between_versions() {
 
     // A failing webhook fails reads and writes that need it, storing
     // nothing; reads at the storage version go on.
-    let mut crd = json(ok(s.kubectl(&["get", "crd", "gauges.example.com", "-o", "json"])));
+    let mut crd = json(ok(s.kubectl(&[
+        "get",
+        "crd",
+        "gauges.example.com",
+        "-o",
+        "json",
+    ])));
     crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"] =
         serde_json::json!(format!("https://127.0.0.1:{}/convert-fail", hook.port));
     ok(s.kubectl_stdin(&["replace", "-f", "-"], &crd.to_string()));
@@ -180,7 +194,13 @@ async fn a_conversion_webhook_converts_between_versions() {
     assert_eq!(get(&s, "v1", "a")["spec"]["size"], "7");
 
     // An answer for another request is refused.
-    crd = json(ok(s.kubectl(&["get", "crd", "gauges.example.com", "-o", "json"])));
+    crd = json(ok(s.kubectl(&[
+        "get",
+        "crd",
+        "gauges.example.com",
+        "-o",
+        "json",
+    ])));
     crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"] =
         serde_json::json!(format!("https://127.0.0.1:{}/convert-uid", hook.port));
     ok(s.kubectl_stdin(&["replace", "-f", "-"], &crd.to_string()));

@@ -637,7 +637,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<Pid> {
     pids
 }
 
-fn kill_processes_mentioning(needle: &str, signal: Signal) -> Vec<Pid> {
+pub fn kill_processes_mentioning(needle: &str, signal: Signal) -> Vec<Pid> {
     let pids = processes_mentioning(needle);
     for pid in &pids {
         let _ = kill(*pid, signal);

@@ -770,7 +770,7 @@ impl Drop for Cluster {
 
 /// Removes the LAN, unmounts and removes the run directory, then releases
 /// the blocks.
-fn remove_run(dir: &Path, blocks: &[(u8, u8)], id: &str) -> Vec<String> {
+pub(crate) fn remove_run(dir: &Path, blocks: &[(u8, u8)], id: &str) -> Vec<String> {
     let mut errors = crate::netns::sweep(id);
     if let Err(e) = cleanup::unmount_under(dir) {
         errors.push(format!("unmounting under {}: {e:#}", dir.display()));
@@ -1010,7 +1010,7 @@ impl Server {
 }
 
 /// A child process with its log file, restartable with the same flags.
-struct Process {
+pub(crate) struct Process {
     what: &'static str,
     binary: PathBuf,
     args: Vec<String>,
@@ -1023,7 +1023,7 @@ struct Process {
 }
 
 impl Process {
-    fn new(
+    pub(crate) fn new(
         what: &'static str,
         binary: PathBuf,
         args: Vec<String>,
@@ -1042,14 +1042,14 @@ impl Process {
     }
 
     /// Run it inside the network namespace pinned at `path`.
-    fn in_netns(mut self, path: PathBuf) -> Process {
+    pub(crate) fn in_netns(mut self, path: PathBuf) -> Process {
         self.netns = Some(path);
         self
     }
 
     /// Starts it unless it runs. Not in a process group of its own: a
     /// terminal's Ctrl-C, which skips the test's cleanup, stops it too.
-    fn spawn(&mut self) -> Result<()> {
+    pub(crate) fn spawn(&mut self) -> Result<()> {
         if self.running() {
             return Ok(());
         }
@@ -1082,14 +1082,14 @@ impl Process {
     }
 
     /// Whether it runs (reaps it when it exited).
-    fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         let Some(child) = self.child.as_ref() else {
             return false;
         };
         cleanup::is_alive(nix::unistd::Pid::from_raw(child.id() as i32))
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -1113,11 +1113,11 @@ impl Process {
         }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn log_tail(&self, lines: usize) -> String {
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
         tail(&self.log(), lines)
     }
 }
@@ -1285,7 +1285,7 @@ fn subnet_index(cidr: &str, (first, len): (u8, u8)) -> Result<u8> {
 /// Leases an aligned block of `len` (a power of two) consecutive
 /// 198.18.X.0/24 under [`CLUSTER_SUBNETS`] for run `id`: every lease file
 /// free and no host address or route overlapping the block.
-fn lease_block(len: usize, id: &str) -> Result<(u8, u8)> {
+pub(crate) fn lease_block(len: usize, id: &str) -> Result<(u8, u8)> {
     let len16 = u16::try_from(len)
         .ok()
         .filter(|l| *l <= CLUSTER_SUBNETS.end - CLUSTER_SUBNETS.start)

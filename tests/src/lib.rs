@@ -27,6 +27,8 @@
 //!   real kubectl as admin; kill and restart of agents and server.
 //! - [`netns`]: a cluster's LAN (a bridge) and its nodes as network
 //!   namespaces cabled to it.
+//! - [`ha`]: several skiff-servers on managed etcd, each in a namespace
+//!   of its own, the first starting the cluster and the others joining.
 //! - [`join`]: nodes joined with `skiff-server token create` and
 //!   `skiff-agent join`, their agents started on the joined kubeconfig.
 //! - [`logind`]: a private D-Bus bus (real dbus-daemon) with a fake
@@ -55,6 +57,7 @@ pub mod cleanup;
 pub mod cluster;
 pub mod containerd;
 pub mod distribution;
+pub mod ha;
 pub mod images;
 pub mod join;
 pub mod logind;

@@ -356,3 +356,135 @@ async fn bad_joins_fail_clearly_and_leave_nothing_behind() -> Result<()> {
     ensure!(csr_count(&client).await? == 1, "a second join sent a CSR");
     cluster.finish().await
 }
+
+/// The `NAME  ...  LEADER` rows of `skiff-server etcd status`: (name,
+/// leader).
+fn etcd_members(status: &str) -> Vec<(String, bool)> {
+    status
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            Some((cols.first()?.to_string(), cols.get(3) == Some(&"true")))
+        })
+        .collect()
+}
+
+async fn etcd_status(s: &skiff_tests::ha::HaServer) -> Result<String> {
+    let out = s.cli(&["etcd", "status"]).await?;
+    ensure!(
+        out.status.success(),
+        "etcd status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Three servers on managed etcd, each its own machine: one starts the
+/// cluster, two join with a server token; they serve one store; a join
+/// whose token pins another CA is refused before anything is sent; the
+/// loss of one machine leaves the others writing, and its member can be
+/// removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_join_on_managed_etcd_and_survive_a_loss() -> Result<()> {
+    let mut c = skiff_tests::ha::HaCluster::start(3).await?;
+    let result = servers_scenario(&mut c).await;
+    if result.is_err() {
+        eprintln!("{}", c.diagnostics());
+    }
+    result
+}
+
+async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
+    let members = etcd_members(&etcd_status(&c.servers()[0]).await?);
+    let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    ensure!(
+        names == BTreeSet::from(["s0", "s1", "s2"]),
+        "members: {members:?}"
+    );
+    ensure!(
+        members.iter().filter(|(_, l)| *l).count() == 1,
+        "one leader: {members:?}"
+    );
+
+    let ok = |out: std::process::Output| -> Result<String> {
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    ok(c.servers()[1]
+        .kubectl(&["create", "configmap", "ha", "--from-literal=a=1"])
+        .await?)?;
+    let a = ok(c.servers()[2]
+        .kubectl(&["get", "configmap", "ha", "-o", "jsonpath={.data.a}"])
+        .await?)?;
+    ensure!(a == "1", "read through another server: {a:?}");
+    // Each server's own admin kubeconfig is signed by the one cluster CA.
+    ok(c.servers()[2]
+        .kubectl(&["--server", &c.servers()[0].url(), "get", "ns", "default"])
+        .await?)?;
+    let servers = &c.servers()[0];
+    wait_for("default/kubernetes to list three servers", T, || async {
+        let ips = ok(servers
+            .kubectl(&[
+                "get",
+                "endpoints",
+                "kubernetes",
+                "-o",
+                "jsonpath={.subsets[*].addresses[*].ip}",
+            ])
+            .await?)?;
+        ensure!(ips.split_whitespace().count() == 3, "addresses: {ips:?}");
+        Ok(())
+    })
+    .await?;
+
+    // A token pinning another CA: refused, nothing sent, no member added.
+    let token = c.token().to_string();
+    let (_, rest) = token.split_once("::").context("join token format")?;
+    let wrong = format!("K10{}::{rest}", "0".repeat(64));
+    let url = c.servers()[0].url();
+    let log = c.try_add(&["--server", &url, "--token", &wrong]).await?;
+    ensure!(
+        log.contains("does not match the join token's CA hash"),
+        "log: {log}"
+    );
+    ensure!(etcd_members(&etcd_status(&c.servers()[0]).await?).len() == 3);
+
+    // One machine lost: the two others keep taking writes.
+    c.server_mut(0).kill();
+    let survivor = &c.servers()[1];
+    wait_for("a write after the loss", T, || async {
+        ok(survivor
+            .kubectl(&["create", "configmap", "after-loss", "--from-literal=b=2"])
+            .await?)
+        .map(|_| ())
+    })
+    .await?;
+    let b = ok(c.servers()[2]
+        .kubectl(&["get", "configmap", "after-loss", "-o", "jsonpath={.data.b}"])
+        .await?)?;
+    ensure!(b == "2", "{b:?}");
+    let ready = ok(c.servers()[2]
+        .kubectl(&["get", "--raw", "/readyz?verbose"])
+        .await?)?;
+    ensure!(ready.contains("[+]etcd ok"), "{ready}");
+
+    // The cluster shrinks: the lost member is removed.
+    let out = c.servers()[1].cli(&["etcd", "remove", "s0"]).await?;
+    ensure!(
+        out.status.success(),
+        "etcd remove: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let members = etcd_members(&etcd_status(&c.servers()[2]).await?);
+    let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    ensure!(
+        names == BTreeSet::from(["s1", "s2"]),
+        "members: {members:?}"
+    );
+    Ok(())
+}

@@ -3,7 +3,7 @@
 //!
 //! 1. The config directory must not hold a kubeconfig yet.
 //! 2. The CA is fetched and checked against the token's hash
-//!    ([`discovery`](super::discovery)); a mismatch stops here, before any
+//!    ([`discovery`](skiff_bootstrap::discovery)); a mismatch stops here, before any
 //!    credential is sent.
 //! 3. A key and a node client CSR (`system:node:<name>`) are made; the
 //!    request goes to the API authenticated by the bootstrap token, and
@@ -15,10 +15,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use skiff_bootstrap::{csr, names, JoinToken};
+use skiff_bootstrap::{csr, discovery, names, JoinToken};
 
 use super::files::{self, Pair};
-use super::{discovery, request};
+use super::request;
 
 /// Why the node did not join.
 #[derive(Debug, thiserror::Error)]

@@ -5,13 +5,10 @@
 //! # Layout
 //! - [`files`]: where credentials live; combined certificate-and-key files
 //!   replaced atomically; reading validity and identity.
-//! - [`discovery`]: the cluster CA, fetched without trust and pinned by the
-//!   join token's hash.
 //! - [`request`]: one certificate through the CSR API (key made here).
 //! - [`join`]: `skiff-agent join`.
 //! - [`rotate`]: renewal of the client and serving certificates.
 
-pub mod discovery;
 pub mod files;
 pub mod join;
 pub mod request;

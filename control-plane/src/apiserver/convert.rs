@@ -69,15 +69,18 @@ pub async fn served_one(api: &ApiServer, def: &ResourceDef, obj: Value) -> ApiRe
 ///
 /// # Errors
 /// 500 when the conversion fails.
-pub async fn encode_converted(api: &ApiServer, def: &ResourceDef, obj: &Value) -> ApiResult<Vec<u8>> {
+pub async fn encode_converted(
+    api: &ApiServer,
+    def: &ResourceDef,
+    obj: &Value,
+) -> ApiResult<Vec<u8>> {
     if !def.strategy.converts_by_call() {
         return Ok(encode(def, obj));
     }
-    let stored = one(
-        def.strategy
-            .convert(api, def, vec![obj.clone()], Version::Stored)
-            .await?,
-    )?;
+    let stored = one(def
+        .strategy
+        .convert(api, def, vec![obj.clone()], Version::Stored)
+        .await?)?;
     Ok(encode(def, &stored))
 }
 

@@ -136,6 +136,10 @@ pub struct ApiServer {
     /// The cluster CA bundle (PEM) served to joining nodes at
     /// `/cacerts`; set once at start by [`ApiServer::set_cluster_ca`].
     pub(crate) cluster_ca: std::sync::OnceLock<String>,
+    /// What servers joining through this one are given; set once at start
+    /// by [`ApiServer::set_server_join`] when it runs a managed etcd
+    /// member.
+    pub(crate) server_join: std::sync::OnceLock<crate::store::managed::join::Source>,
     /// Signs and verifies ServiceAccount tokens; set once at start by
     /// [`ApiServer::set_service_account_tokens`].
     pub(crate) sa_tokens: std::sync::OnceLock<Arc<auth::satoken::Tokens>>,
@@ -263,6 +267,7 @@ impl ApiServer {
             node_tls: Default::default(),
             components: Default::default(),
             cluster_ca: Default::default(),
+            server_join: Default::default(),
             sa_tokens: Default::default(),
             oidc: Default::default(),
             pod_security: Default::default(),
@@ -279,6 +284,11 @@ impl ApiServer {
     /// and check it against their join token's hash before they trust it.
     pub fn set_cluster_ca(&self, pem: &str) {
         let _ = self.cluster_ca.set(pem.to_string());
+    }
+
+    /// Let servers join through this one (`POST /skiff/v1/servers`).
+    pub fn set_server_join(&self, source: crate::store::managed::join::Source) {
+        let _ = self.server_join.set(source);
     }
 
     /// Issue and accept ServiceAccount tokens with `tokens` (TokenRequest,
@@ -554,11 +564,35 @@ impl ApiServer {
                     .map(|v| json_response(200, &v))
                     .ok_or_else(|| ApiError::not_found_path(path))
             }
+            _ if path == crate::store::managed::join::PATH && parts.method == Method::POST => {
+                let body = read_body(&parts.headers, body).await?;
+                self.join_server(&body).await
+            }
             _ => {
                 self.non_resource(&parts.method, path, &query, &parts.headers)
                     .await
             }
         }
+    }
+
+    /// A server joining: its etcd member added, the shared files
+    /// returned (authorized by RBAC as a non-resource `post`).
+    async fn join_server(&self, body: &[u8]) -> ApiResult<Response<Body>> {
+        use crate::store::managed::join;
+        let source = self.server_join.get().ok_or_else(|| {
+            ApiError::method_not_allowed(
+                "this server runs no managed etcd (start it with --cluster-init to let servers join)",
+            )
+        })?;
+        let req: join::Request = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("a join request: {e}")))?;
+        let bundle = join::admit(source, &req)
+            .await
+            .map_err(|e| ApiError::new(503, "ServiceUnavailable", e))?;
+        Ok(json_response(
+            200,
+            &serde_json::to_value(bundle).map_err(|e| ApiError::internal(e.to_string()))?,
+        ))
     }
 
     /// RBAC, with system:masters, the CSR rules of joining nodes and the

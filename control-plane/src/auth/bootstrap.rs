@@ -181,6 +181,17 @@ pub fn cluster_roles() -> Vec<Value> {
             "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
             json!([group(skiff_bootstrap::names::DEFAULT_TOKEN_GROUP)]),
         ),
+        // Tokens in the servers' group join servers: they are handed the
+        // cluster's CAs and keys (see `store::managed::join`).
+        role(
+            "skiff:server-join",
+            json!([{"nonResourceURLs": [crate::store::managed::join::PATH], "verbs": ["post"]}]),
+        ),
+        binding(
+            "skiff:server-join",
+            "skiff:server-join",
+            json!([group(crate::store::managed::join::SERVERS_GROUP)]),
+        ),
         binding(
             "skiff:node-autoapprove-certificate-rotation",
             "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",

@@ -66,6 +66,31 @@ struct ServeArgs {
     /// etcd endpoints (http://host:port[,...]); SQLite in --data-dir when unset.
     #[arg(long, global = true)]
     datastore_endpoint: Option<String>,
+    /// CA (PEM) the etcd members' certificates chain to (https endpoints).
+    #[arg(long, global = true)]
+    datastore_cafile: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd.
+    #[arg(long, global = true)]
+    datastore_certfile: Option<PathBuf>,
+    /// Its key (PEM).
+    #[arg(long, global = true)]
+    datastore_keyfile: Option<PathBuf>,
+    /// Start a cluster whose datastore is an etcd this server runs (the
+    /// etcd binary), the first member; more servers join with --server.
+    #[arg(long)]
+    cluster_init: bool,
+    /// Join the cluster of the server at this URL (https://HOST:6443):
+    /// run an etcd member of its cluster beside this server.
+    #[arg(long)]
+    server: Option<String>,
+    /// The join token for --server, from `skiff-server token create
+    /// --groups system:bootstrappers:skiff:servers` on a server.
+    #[arg(long)]
+    token: Option<String>,
+    /// This server's name (its etcd member's, its snapshots') [default:
+    /// the host name].
+    #[arg(long, global = true)]
+    node_name: Option<String>,
     /// ClusterIP range [default: 10.43.0.0/16].
     #[arg(long)]
     service_cluster_ip_range: Option<String>,
@@ -253,6 +278,13 @@ impl ServeArgs {
             bind_address: self.bind_address.clone(),
             secure_port: self.secure_port,
             datastore_endpoint: self.datastore_endpoint.clone(),
+            datastore_cafile: self.datastore_cafile.clone(),
+            datastore_certfile: self.datastore_certfile.clone(),
+            datastore_keyfile: self.datastore_keyfile.clone(),
+            cluster_init: self.cluster_init.then_some(true),
+            server: self.server.clone(),
+            token: self.token.clone(),
+            node_name: self.node_name.clone(),
             service_cluster_ip_range: self.service_cluster_ip_range.clone(),
             cluster_cidr: self.cluster_cidr.clone(),
             token_auth_file: self.token_auth_file.clone(),
@@ -557,7 +589,8 @@ async fn etcd(cmd: EtcdCmd, cfg: &Config) -> anyhow::Result<()> {
     }
     match cmd {
         EtcdCmd::Status => {
-            let members = store::etcd_members::status(endpoints).await?;
+            let members =
+                store::etcd_members::status(endpoints, cfg.datastore_tls.as_ref()).await?;
             println!(
                 "{:<20} {:<16} {:<28} {:<6} {:>10} {:>12} {:>10} {:<8} ERRORS",
                 "NAME",
@@ -592,7 +625,8 @@ async fn etcd(cmd: EtcdCmd, cfg: &Config) -> anyhow::Result<()> {
             }
         }
         EtcdCmd::Remove { name } => {
-            let id = store::etcd_members::remove(endpoints, &name).await?;
+            let id =
+                store::etcd_members::remove(endpoints, cfg.datastore_tls.as_ref(), &name).await?;
             println!("removed etcd member {name} ({id:x})");
         }
     }
@@ -694,6 +728,14 @@ fn named(dir: &snapshots::Snapshots, file: PathBuf) -> PathBuf {
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let member = match &cfg.managed_etcd {
+        Some(m) => Some(
+            store::managed::start(&cfg, m)
+                .await
+                .context("starting the managed etcd member")?,
+        ),
+        None => None,
+    };
     let st = server::open_store(&cfg)
         .await
         .context("opening the datastore")?;
@@ -727,6 +769,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     tokio::select! {
         _ = handle.shutdown() => {}
         _ = term.recv() => tracing::warn!("second SIGTERM: exiting without draining"),
+    }
+    if let Some(member) = member {
+        member.stop().await;
     }
     Ok(())
 }

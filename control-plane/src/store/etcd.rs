@@ -2,13 +2,13 @@
 //! are single transactions that compare revisions, watches are etcd watches,
 //! TTLs are leases (shared, see [`leases`](super::leases)).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, CompactionOptions, Compare, CompareOp, ConnectOptions, GetOptions,
+    Identity, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::io::AsyncWriteExt;
 
@@ -16,6 +16,33 @@ use super::leases::{grant_seconds, Leases};
 use super::{Error, Event, KeyValue, ListResult, Result, SnapshotInfo, Store, WatchStream};
 
 const BACKEND: &str = "etcd";
+
+/// Client TLS towards etcd: the CA its members' certificates chain to,
+/// and the certificate this server presents (`--datastore-cafile`,
+/// `--datastore-certfile`, `--datastore-keyfile`, or a managed member's
+/// files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Tls {
+    /// The files, read, as the client's options.
+    ///
+    /// # Errors
+    /// `Backend` naming the file that cannot be read.
+    pub fn options(&self) -> Result<TlsOptions> {
+        let read = |p: &PathBuf| {
+            std::fs::read(p)
+                .map_err(|e| Error::backend_source(BACKEND, format!("reading {}", p.display()), e))
+        };
+        Ok(TlsOptions::new()
+            .ca_certificate(Certificate::from_pem(read(&self.ca)?))
+            .identity(Identity::from_pem(read(&self.cert)?, read(&self.key)?)))
+    }
+}
 
 /// The etcd store. Cheap to clone (one multiplexed gRPC channel).
 #[derive(Clone)]
@@ -83,10 +110,22 @@ impl EtcdStore {
     /// # Errors
     /// `Backend` when no endpoint can be reached.
     pub async fn connect(endpoints: &[String]) -> Result<EtcdStore> {
-        let opts = ConnectOptions::new()
+        EtcdStore::connect_tls(endpoints, None).await
+    }
+
+    /// [`EtcdStore::connect`] over mutual TLS (`https://` endpoints).
+    ///
+    /// # Errors
+    /// `Backend` when a TLS file cannot be read or no endpoint can be
+    /// reached.
+    pub async fn connect_tls(endpoints: &[String], tls: Option<&Tls>) -> Result<EtcdStore> {
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(15))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        if let Some(tls) = tls {
+            opts = opts.with_tls(tls.options()?);
+        }
         let client = Client::connect(endpoints, Some(opts))
             .await
             .map_err(etcd_err(format!("connect to {}", endpoints.join(","))))?;

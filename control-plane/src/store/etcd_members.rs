@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 
-use super::etcd::etcd_err;
+use super::etcd::{etcd_err, Tls};
 use super::{Error, Result};
 
 /// One member, as it reports itself.
@@ -39,10 +39,74 @@ fn options() -> ConnectOptions {
         .with_timeout(Duration::from_secs(10))
 }
 
-async fn connect(endpoints: &[String]) -> Result<Client> {
-    Client::connect(endpoints, Some(options()))
+async fn connect(endpoints: &[String], tls: Option<&Tls>) -> Result<Client> {
+    let mut opts = options();
+    if let Some(tls) = tls {
+        opts = opts.with_tls(tls.options()?);
+    }
+    Client::connect(endpoints, Some(opts))
         .await
         .map_err(etcd_err(format!("connect to {}", endpoints.join(","))))
+}
+
+/// Whether the member at `endpoints` serves a linearizable read (the
+/// check `etcdctl endpoint health` makes): it runs and its cluster has a
+/// quorum.
+pub async fn member_ready(endpoints: &[String], tls: Option<&Tls>) -> bool {
+    let ask = async {
+        let mut c = connect(endpoints, tls).await.ok()?;
+        c.get("health", None).await.ok()
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), ask).await,
+        Ok(Some(_))
+    )
+}
+
+/// Add a member named `name` at `peer_url` (unless one with that peer
+/// URL is there already, as after a join that failed half-way): every
+/// member's `NAME=PEER_URL`, joined by commas, as etcd's
+/// `--initial-cluster` for the new member.
+///
+/// # Errors
+/// The cluster cannot be reached or refuses the member (no quorum).
+pub async fn add(
+    endpoints: &[String],
+    tls: Option<&Tls>,
+    name: &str,
+    peer_url: &str,
+) -> Result<String> {
+    let mut c = connect(endpoints, tls).await?;
+    let list = c
+        .member_list()
+        .await
+        .map_err(etcd_err("list etcd members"))?;
+    let known = list
+        .members()
+        .iter()
+        .any(|m| m.peer_urls().iter().any(|u| u == peer_url));
+    let members = if known {
+        list.members().to_vec()
+    } else {
+        let added = c
+            .member_add([peer_url], None)
+            .await
+            .map_err(etcd_err(format!("add etcd member {name:?} at {peer_url}")))?;
+        added.member_list().to_vec()
+    };
+    let mut entries = Vec::new();
+    for m in &members {
+        // A member not started yet has no name: the one joining is ours.
+        let is_new = m.peer_urls().iter().any(|u| u == peer_url);
+        let member_name = if is_new { name } else { m.name() };
+        if member_name.is_empty() {
+            continue;
+        }
+        for u in m.peer_urls() {
+            entries.push(format!("{member_name}={u}"));
+        }
+    }
+    Ok(entries.join(","))
 }
 
 /// Every member of the cluster `endpoints` reach, each asked for its own
@@ -50,8 +114,8 @@ async fn connect(endpoints: &[String]) -> Result<Client> {
 ///
 /// # Errors
 /// No endpoint answers the member list.
-pub async fn status(endpoints: &[String]) -> Result<Vec<Member>> {
-    let mut c = connect(endpoints).await?;
+pub async fn status(endpoints: &[String], tls: Option<&Tls>) -> Result<Vec<Member>> {
+    let mut c = connect(endpoints, tls).await?;
     let list = c
         .member_list()
         .await
@@ -60,7 +124,7 @@ pub async fn status(endpoints: &[String]) -> Result<Vec<Member>> {
     for m in list.members() {
         let status = match m.client_urls() {
             [] => Err("not started yet (no client URL)".to_string()),
-            urls => member_status(urls).await.map_err(|e| e.to_string()),
+            urls => member_status(urls, tls).await.map_err(|e| e.to_string()),
         };
         out.push(Member {
             name: m.name().to_string(),
@@ -74,8 +138,8 @@ pub async fn status(endpoints: &[String]) -> Result<Vec<Member>> {
     Ok(out)
 }
 
-async fn member_status(urls: &[String]) -> Result<Status> {
-    let mut c = connect(urls).await?;
+async fn member_status(urls: &[String], tls: Option<&Tls>) -> Result<Status> {
+    let mut c = connect(urls, tls).await?;
     let s = c
         .status()
         .await
@@ -95,8 +159,8 @@ async fn member_status(urls: &[String]) -> Result<Status> {
 ///
 /// # Errors
 /// There is no such member, it is the last one, or etcd refuses.
-pub async fn remove(endpoints: &[String], name: &str) -> Result<u64> {
-    let mut c = connect(endpoints).await?;
+pub async fn remove(endpoints: &[String], tls: Option<&Tls>, name: &str) -> Result<u64> {
+    let mut c = connect(endpoints, tls).await?;
     let list = c
         .member_list()
         .await

@@ -41,6 +41,7 @@ pub mod etcd;
 pub mod etcd_members;
 pub mod follow;
 mod leases;
+pub mod managed;
 pub mod snapshot;
 pub mod snapshots;
 pub mod sqlite;

@@ -80,7 +80,10 @@ fn convert_gauges(request: &Value) -> Vec<Value> {
         if let Some(spec) = o["spec"].as_object_mut() {
             if to.ends_with("/v2") {
                 let size = spec.remove("size");
-                let n = size.as_ref().and_then(Value::as_str).and_then(|s| s.parse::<i64>().ok());
+                let n = size
+                    .as_ref()
+                    .and_then(Value::as_str)
+                    .and_then(|s| s.parse::<i64>().ok());
                 spec.insert("count".into(), json!(n.unwrap_or(0)));
             } else {
                 let count = spec.remove("count").and_then(|c| c.as_i64()).unwrap_or(0);

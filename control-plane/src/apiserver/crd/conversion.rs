@@ -177,7 +177,12 @@ fn same_object(original: &Value, converted: &Value, to: &str) -> Result<(), Stri
             "invalid groupVersion (expected {to}, received {got})"
         ));
     }
-    let str_at = |o: &Value, ptr: &str| o.pointer(ptr).and_then(Value::as_str).unwrap_or_default().to_string();
+    let str_at = |o: &Value, ptr: &str| {
+        o.pointer(ptr)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     for (what, ptr) in [
         ("kind", "/kind"),
         ("name", "/metadata/name"),
@@ -205,7 +210,10 @@ fn restore_metadata(original: &Value, converted: &mut Value) -> Result<(), Strin
             ))
         }
     };
-    let mut meta = original["metadata"].as_object().cloned().unwrap_or_default();
+    let mut meta = original["metadata"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
     for field in ["labels", "annotations"] {
         match answered.get(field) {
             None | Some(Value::Null) => {
@@ -305,8 +313,11 @@ mod tests {
             .unwrap()
         };
         assert_eq!(
-            hook.converted(&answer(json!({"uid": "other", "result": {"status": "Success"}})), "u")
-                .unwrap_err(),
+            hook.converted(
+                &answer(json!({"uid": "other", "result": {"status": "Success"}})),
+                "u"
+            )
+            .unwrap_err(),
             "expected response.uid=\"u\", got \"other\""
         );
         assert_eq!(

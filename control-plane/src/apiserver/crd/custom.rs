@@ -18,14 +18,14 @@ use super::conversion::Webhook;
 use super::{jsonpath, structural};
 use crate::apiserver::cel;
 use crate::apiserver::convert::Version;
-use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::ApiServer;
 use crate::apiserver::model::Model;
 use crate::apiserver::objects::{self, meta_mut};
 use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::status::Cause;
+use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::strategy::Strategy;
 use crate::apiserver::table::{self, Col};
+use crate::apiserver::ApiServer;
 use crate::apiserver::Req;
 
 /// One `additionalPrinterColumns` entry.

@@ -63,8 +63,8 @@ use futures::future::BoxFuture;
 use http::{Method, Response};
 use serde_json::{json, Value};
 
-pub use super::crd::custom::ScalePaths;
 use super::convert::Version;
+pub use super::crd::custom::ScalePaths;
 use super::handlers::DeleteOptions;
 use super::ipalloc::Allocation;
 use super::objects::{self, meta_mut};

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use skiff_bootstrap::names;
-use skiff_bootstrap::JoinToken;
+use crate::names;
+use crate::JoinToken;
 
 /// Why the CA could not be discovered.
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +94,7 @@ pub async fn fetch_pinned_ca(
         return Err(Error::Mismatch {
             server: server.to_string(),
             expected: token.ca_hash.clone(),
-            served: skiff_bootstrap::token::ca_hash(&body),
+            served: crate::token::ca_hash(&body),
         });
     }
     Ok(String::from_utf8_lossy(&body).into_owned())

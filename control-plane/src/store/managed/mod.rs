@@ -1,0 +1,162 @@
+//! Managed etcd (k3s's embedded etcd, run as Debian's real `etcd`): with
+//! `--cluster-init`, or `--server` and `--token` to join, each
+//! skiff-server runs one member of the cluster's etcd beside itself and
+//! stores through it, every connection (peers, this server) on mutual TLS
+//! from the cluster's etcd CA.
+//!
+//! - [`member`]: the etcd process: flags, start, restarts, stop.
+//! - [`join`]: a server joining: what the first server hands out, and
+//!   the joiner's side (CA pinned by the token, member added, PKI
+//!   copied).
+//!
+//! Files: `DATA_DIR/etcd/` (the member's data), `DATA_DIR/etcd.log`,
+//! `DATA_DIR/pki/etcd-ca.{crt,key}` (shared by the cluster's servers) and
+//! `DATA_DIR/pki/etcd-member.{crt,key}` (this member's, for peers,
+//! clients and as this server's client certificate; issued anew at every
+//! start).
+
+pub mod join;
+pub mod member;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, ManagedEtcd};
+use crate::pki::{self, Pki};
+use crate::store::etcd::Tls;
+
+pub use member::Member;
+
+/// Why the member could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Io(String),
+    #[error(transparent)]
+    Pki(#[from] pki::Error),
+    #[error("joining the cluster through {server}: {message}")]
+    Join { server: String, message: String },
+    #[error("etcd did not answer within {0:?}; its log is {1}")]
+    NotReady(Duration, String),
+}
+
+/// How long a starting member may take to answer (a joining one first
+/// catches up with the cluster).
+const READY_WITHIN: Duration = Duration::from_secs(90);
+
+/// Where a member's files are.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub etcd_dir: PathBuf,
+    pub log: PathBuf,
+    pub ca_cert: PathBuf,
+    pub member_cert: PathBuf,
+    pub member_key: PathBuf,
+    pub client_port: u16,
+}
+
+impl Layout {
+    pub fn new(data_dir: &Path, client_port: u16) -> Layout {
+        let pki = data_dir.join("pki");
+        Layout {
+            etcd_dir: data_dir.join("etcd"),
+            log: data_dir.join("etcd.log"),
+            ca_cert: pki.join("etcd-ca.crt"),
+            member_cert: pki.join("etcd-member.crt"),
+            member_key: pki.join("etcd-member.key"),
+            client_port,
+        }
+    }
+
+    /// The URL this server reaches its own member on.
+    pub fn local_client_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Whether the data dir holds a member already: then its cluster
+    /// comes from its own data, and nothing is joined again.
+    pub fn has_member(&self) -> bool {
+        self.etcd_dir.join("member").exists()
+    }
+
+    /// The files this server's etcd client presents and trusts.
+    pub fn tls(&self) -> Tls {
+        Tls {
+            ca: self.ca_cert.clone(),
+            cert: self.member_cert.clone(),
+            key: self.member_key.clone(),
+        }
+    }
+}
+
+fn url(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("https://{v4}:{port}"),
+        IpAddr::V6(v6) => format!("https://[{v6}]:{port}"),
+    }
+}
+
+/// Set up and start this server's member: join through `--server` the
+/// first time when asked, issue its certificate, start etcd and wait
+/// until it answers.
+///
+/// # Errors
+/// The join is refused, a file cannot be written, or etcd does not come
+/// up (the member is stopped again).
+pub async fn start(cfg: &Config, m: &ManagedEtcd) -> Result<Member, Error> {
+    let layout = Layout::new(&cfg.data_dir, m.client_port);
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(|e| Error::Io(format!("creating {}: {e}", cfg.data_dir.display())))?;
+    let advertise = crate::server::advertise_ip(cfg);
+    let client_url = url(advertise, m.client_port);
+    let peer_url = url(advertise, m.peer_port);
+    let (initial_cluster, initial_state) = match &m.join {
+        Some(j) if !layout.has_member() => {
+            let cluster = join::join(cfg, m, j, &peer_url).await?;
+            (cluster, "existing")
+        }
+        _ => (format!("{}={peer_url}", m.name), "new"),
+    };
+    let ca = Pki::etcd(&cfg.data_dir)?;
+    let sans = [
+        advertise.to_string(),
+        "127.0.0.1".into(),
+        "localhost".into(),
+        m.name.clone(),
+    ];
+    let cert = ca.member_cert(&m.name, &sans)?;
+    pki::write_file(&layout.member_cert, &cert.cert_pem, false)?;
+    pki::write_file(&layout.member_key, &cert.key_pem, true)?;
+    let member = Member::start(member::Launch {
+        name: m.name.clone(),
+        layout: layout.clone(),
+        client_url,
+        peer_url,
+        initial_cluster,
+        initial_state,
+    })?;
+    if let Err(e) = wait_ready(&layout).await {
+        member.stop().await;
+        return Err(e);
+    }
+    tracing::info!(member = %m.name, url = %layout.local_client_url(), "etcd member running");
+    Ok(member)
+}
+
+/// Until the member answers a status request over TLS.
+async fn wait_ready(layout: &Layout) -> Result<(), Error> {
+    let started = Instant::now();
+    let endpoints = [layout.local_client_url()];
+    let tls = layout.tls();
+    while started.elapsed() < READY_WITHIN {
+        if crate::store::etcd_members::member_ready(&endpoints, Some(&tls)).await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(Error::NotReady(
+        READY_WITHIN,
+        layout.log.display().to_string(),
+    ))
+}
