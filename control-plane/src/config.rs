@@ -52,6 +52,10 @@ pub struct Settings {
     pub token: Option<String>,
     /// This server's name (its etcd member's, its snapshots').
     pub node_name: Option<String>,
+    /// Reset the managed etcd cluster to this server's member, then exit.
+    pub cluster_reset: Option<bool>,
+    /// The snapshot the reset starts from.
+    pub cluster_reset_restore_path: Option<PathBuf>,
     pub service_cluster_ip_range: Option<String>,
     pub cluster_cidr: Option<String>,
     pub token_auth_file: Option<PathBuf>,
@@ -157,6 +161,10 @@ impl Settings {
             server: self.server.or(other.server),
             token: self.token.or(other.token),
             node_name: self.node_name.or(other.node_name),
+            cluster_reset: self.cluster_reset.or(other.cluster_reset),
+            cluster_reset_restore_path: self
+                .cluster_reset_restore_path
+                .or(other.cluster_reset_restore_path),
             service_cluster_ip_range: self
                 .service_cluster_ip_range
                 .or(other.service_cluster_ip_range),
@@ -295,6 +303,9 @@ pub struct Config {
     pub managed_etcd: Option<ManagedEtcd>,
     /// This server's name: its etcd member's, its snapshots'.
     pub node_name: String,
+    /// `--cluster-reset`: reset the managed etcd cluster (from this
+    /// snapshot, when given) and exit.
+    pub cluster_reset: Option<Option<PathBuf>>,
     pub service_cidr: crate::apiserver::ipalloc::Cidr,
     pub cluster_cidr: String,
     pub token_auth_file: Option<PathBuf>,
@@ -380,6 +391,20 @@ impl Config {
             .filter(|n| !n.is_empty())
             .unwrap_or_else(crate::server::hostname);
         let managed_etcd = managed_etcd(&s, &data_dir, &node_name)?;
+        let cluster_reset = match (
+            s.cluster_reset.unwrap_or(false),
+            &s.cluster_reset_restore_path,
+        ) {
+            (true, path) => Some(path.clone()),
+            (false, None) => None,
+            (false, Some(p)) => {
+                return Err(Error::Invalid {
+                    field: "cluster-reset-restore-path",
+                    value: p.display().to_string(),
+                    why: "a restore path is for --cluster-reset".into(),
+                })
+            }
+        };
         let mut datastore_tls = datastore_tls(&s)?;
         if let Some(m) = &managed_etcd {
             let layout = crate::store::managed::Layout::new(&data_dir, m.client_port);
@@ -527,6 +552,7 @@ impl Config {
             datastore_tls,
             managed_etcd,
             node_name,
+            cluster_reset,
             service_cidr,
             cluster_cidr,
             token_auth_file: s.token_auth_file,
@@ -627,7 +653,8 @@ fn managed_etcd(s: &Settings, data_dir: &Path, name: &str) -> Result<Option<Mana
         ));
     }
     let existing = crate::store::managed::Layout::new(data_dir, ETCD_CLIENT_PORT).has_member();
-    if !(init || server.is_some() || existing) {
+    let reset = s.cluster_reset.unwrap_or(false);
+    if !(init || server.is_some() || existing || reset) {
         return Ok(None);
     }
     if let Some(e) = &s.datastore_endpoint {
@@ -737,7 +764,10 @@ mod tests {
         .contains("go together"));
         // A restart needs no flag: the member in the data dir says it.
         std::fs::create_dir_all(dir.path().join("etcd/member")).unwrap();
-        assert!(Config::resolve(base(), None).unwrap().managed_etcd.is_some());
+        assert!(Config::resolve(base(), None)
+            .unwrap()
+            .managed_etcd
+            .is_some());
     }
 
     #[test]

@@ -235,7 +235,33 @@ impl HaCluster {
         let i = self.servers.len();
         let name = format!("s{i}");
         let ns = self.lan.add_node(u8::try_from(i + 1)?)?;
-        let data_dir = self.dir.join(&name);
+        let mut process = self.process(&name, &ns, args);
+        process.spawn()?;
+        Ok(HaServer {
+            data_dir: self.dir.join(&name),
+            name,
+            ns,
+            process,
+            binary: self.binary.clone(),
+        })
+    }
+
+    /// Server `i` started again (stopped first if it runs) with `args`
+    /// instead of the ones it had, and waited for.
+    ///
+    /// # Errors
+    /// It does not come up.
+    pub async fn restart(&mut self, i: usize, args: &[&str]) -> Result<()> {
+        let process = self.process(&self.servers[i].name, &self.servers[i].ns, args);
+        let s = &mut self.servers[i];
+        s.kill();
+        s.process = process;
+        s.process.spawn()?;
+        s.wait_ready(Duration::from_secs(120)).await
+    }
+
+    fn process(&self, name: &str, ns: &NodeNs, args: &[&str]) -> Process {
+        let data_dir = self.dir.join(name);
         let mut flags = vec![
             format!("--data-dir={}", data_dir.display()),
             format!("--node-name={name}"),
@@ -248,22 +274,14 @@ impl HaCluster {
             "--etcd-disable-snapshots".into(),
         ];
         flags.extend(args.iter().map(|a| a.to_string()));
-        let mut process = Process::new(
+        Process::new(
             "skiff-server",
             self.binary.clone(),
             flags,
             self.dir.join(format!("{name}.log")),
             "SKIFF_SERVER_LOG",
         )
-        .in_netns(ns.path());
-        process.spawn()?;
-        Ok(HaServer {
-            name,
-            ns,
-            data_dir,
-            process,
-            binary: self.binary.clone(),
-        })
+        .in_netns(ns.path())
     }
 
     pub fn servers(&self) -> &[HaServer] {

@@ -488,3 +488,97 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
     );
     Ok(())
 }
+
+/// The documented drill: a snapshot of the HA cluster, the etcd data of
+/// every server lost, one server reset from the snapshot, the other
+/// rejoining: every object back at its resourceVersion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_cluster_is_reset_from_a_snapshot() -> Result<()> {
+    let mut c = skiff_tests::ha::HaCluster::start(2).await?;
+    let result = reset_scenario(&mut c).await;
+    if result.is_err() {
+        eprintln!("{}", c.diagnostics());
+    }
+    result
+}
+
+async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
+    let ok = |out: std::process::Output| -> Result<String> {
+        ensure!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    ok(c.servers()[1]
+        .kubectl(&["create", "configmap", "kept", "--from-literal=a=1"])
+        .await?)?;
+    let rv = ok(c.servers()[0]
+        .kubectl(&[
+            "get",
+            "configmap",
+            "kept",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ])
+        .await?)?;
+    let snapshot = c.dir().join("drill.db");
+    ok(c.servers()[0]
+        .cli(&["snapshot", "save", &snapshot.to_string_lossy()])
+        .await?)?;
+    ok(c.servers()[1]
+        .kubectl(&["create", "configmap", "after-snapshot"])
+        .await?)?;
+
+    // Both machines lose their etcd data (their PKI stays).
+    for i in 0..2 {
+        c.server_mut(i).kill();
+        let etcd = c.servers()[i].data_dir.join("etcd");
+        std::fs::remove_dir_all(&etcd).with_context(|| format!("removing {}", etcd.display()))?;
+    }
+    let s0 = &c.servers()[0];
+    let bind = format!("--bind-address={}", s0.ns.ip);
+    let out = ok(s0
+        .cli(&[
+            &bind,
+            "--cluster-reset",
+            "--cluster-reset-restore-path",
+            &snapshot.to_string_lossy(),
+        ])
+        .await?)?;
+    ensure!(out.contains("reset to one member, s0"), "{out}");
+    c.restart(0, &[]).await?;
+    let url = c.servers()[0].url();
+    let token = c.token().to_string();
+    c.restart(1, &["--server", &url, "--token", &token]).await?;
+
+    let back = ok(c.servers()[1]
+        .kubectl(&[
+            "get",
+            "configmap",
+            "kept",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ])
+        .await?)?;
+    ensure!(back == rv, "resourceVersion {back:?}, was {rv:?}");
+    let gone = c.servers()[1]
+        .kubectl(&["get", "configmap", "after-snapshot"])
+        .await?;
+    ensure!(
+        !gone.status.success(),
+        "a write after the snapshot came back"
+    );
+    let members = etcd_members(&etcd_status(&c.servers()[1]).await?);
+    let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    ensure!(
+        names == BTreeSet::from(["s0", "s1"]),
+        "members: {members:?}"
+    );
+    ok(c.servers()[1]
+        .kubectl(&["create", "configmap", "after-reset"])
+        .await?)?;
+    Ok(())
+}

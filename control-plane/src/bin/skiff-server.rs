@@ -91,6 +91,15 @@ struct ServeArgs {
     /// the host name].
     #[arg(long, global = true)]
     node_name: Option<String>,
+    /// Make this server's etcd member the only one of a new cluster (from
+    /// its data, or from --cluster-reset-restore-path), then exit; the
+    /// other servers rejoin.
+    #[arg(long)]
+    cluster_reset: bool,
+    /// The etcd snapshot --cluster-reset restores (a path, or a name in
+    /// --etcd-snapshot-dir).
+    #[arg(long)]
+    cluster_reset_restore_path: Option<PathBuf>,
     /// ClusterIP range [default: 10.43.0.0/16].
     #[arg(long)]
     service_cluster_ip_range: Option<String>,
@@ -285,6 +294,8 @@ impl ServeArgs {
             server: self.server.clone(),
             token: self.token.clone(),
             node_name: self.node_name.clone(),
+            cluster_reset: self.cluster_reset.then_some(true),
+            cluster_reset_restore_path: self.cluster_reset_restore_path.clone(),
             service_cluster_ip_range: self.service_cluster_ip_range.clone(),
             cluster_cidr: self.cluster_cidr.clone(),
             token_auth_file: self.token_auth_file.clone(),
@@ -728,6 +739,15 @@ fn named(dir: &snapshots::Snapshots, file: PathBuf) -> PathBuf {
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {
+    if let (Some(restore), Some(m)) = (&cfg.cluster_reset, &cfg.managed_etcd) {
+        let dir = server::snapshots(&cfg);
+        let file = restore.clone().map(|f| named(&dir, f));
+        let next = store::managed::reset(&cfg, m, file.as_deref())
+            .await
+            .context("resetting the managed etcd cluster")?;
+        println!("{next}");
+        return Ok(());
+    }
     let member = match &cfg.managed_etcd {
         Some(m) => Some(
             store::managed::start(&cfg, m)

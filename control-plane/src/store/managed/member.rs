@@ -24,6 +24,9 @@ pub struct Launch {
     pub initial_cluster: String,
     /// `new` for the first member, `existing` for a joining one.
     pub initial_state: &'static str,
+    /// Start a new one-member cluster from the member's data (etcd's
+    /// `--force-new-cluster`, for a reset).
+    pub force_new_cluster: bool,
 }
 
 impl Launch {
@@ -60,6 +63,9 @@ impl Launch {
         ];
         // Debian's etcd 3.4 logs with zap only when asked.
         args.push(("logger", "zap".into()));
+        if self.force_new_cluster {
+            args.push(("force-new-cluster", "true".into()));
+        }
         args.into_iter()
             .map(|(k, v)| format!("--{k}={v}"))
             .collect()

@@ -118,6 +118,25 @@ pub async fn start(cfg: &Config, m: &ManagedEtcd) -> Result<Member, Error> {
         }
         _ => (format!("{}={peer_url}", m.name), "new"),
     };
+    launch(
+        cfg,
+        m,
+        member::Launch {
+            name: m.name.clone(),
+            layout,
+            client_url,
+            peer_url,
+            initial_cluster,
+            initial_state,
+            force_new_cluster: false,
+        },
+    )
+    .await
+}
+
+/// Issue the member's certificate, start it, wait until it answers.
+async fn launch(cfg: &Config, m: &ManagedEtcd, l: member::Launch) -> Result<Member, Error> {
+    let advertise = crate::server::advertise_ip(cfg);
     let ca = Pki::etcd(&cfg.data_dir)?;
     let sans = [
         advertise.to_string(),
@@ -126,22 +145,91 @@ pub async fn start(cfg: &Config, m: &ManagedEtcd) -> Result<Member, Error> {
         m.name.clone(),
     ];
     let cert = ca.member_cert(&m.name, &sans)?;
-    pki::write_file(&layout.member_cert, &cert.cert_pem, false)?;
-    pki::write_file(&layout.member_key, &cert.key_pem, true)?;
-    let member = Member::start(member::Launch {
-        name: m.name.clone(),
-        layout: layout.clone(),
-        client_url,
-        peer_url,
-        initial_cluster,
-        initial_state,
-    })?;
+    pki::write_file(&l.layout.member_cert, &cert.cert_pem, false)?;
+    pki::write_file(&l.layout.member_key, &cert.key_pem, true)?;
+    let layout = l.layout.clone();
+    let member = Member::start(l)?;
     if let Err(e) = wait_ready(&layout).await {
         member.stop().await;
         return Err(e);
     }
     tracing::info!(member = %m.name, url = %layout.local_client_url(), "etcd member running");
     Ok(member)
+}
+
+/// `--cluster-reset` (k3s's): make this server's member the only one of
+/// a new cluster, from its own data or from the snapshot `restore` (the
+/// member's data, if any, is kept aside as `DATA_DIR/etcd-old-SECONDS`),
+/// then stop it. Returns what the operator does next.
+///
+/// # Errors
+/// Nothing to reset from, a snapshot that is not etcd's or does not
+/// restore, or a member that does not come up.
+pub async fn reset(cfg: &Config, m: &ManagedEtcd, restore: Option<&Path>) -> Result<String, Error> {
+    let layout = Layout::new(&cfg.data_dir, m.client_port);
+    let advertise = crate::server::advertise_ip(cfg);
+    let peer_url = url(advertise, m.peer_port);
+    match restore {
+        Some(file) => {
+            let format = crate::store::snapshot::snapshot_format(file)
+                .map_err(|e| Error::Io(e.to_string()))?;
+            if format != crate::store::snapshot::SnapshotFormat::Etcd {
+                return Err(Error::Io(format!(
+                    "{} is not an etcd snapshot (a SQLite one restores with `skiff-server snapshot restore`)",
+                    file.display()
+                )));
+            }
+            if layout.etcd_dir.exists() {
+                let aside = cfg.data_dir.join(format!(
+                    "etcd-old-{}",
+                    jiff::Timestamp::now().as_second()
+                ));
+                std::fs::rename(&layout.etcd_dir, &aside).map_err(|e| {
+                    Error::Io(format!("moving {} aside: {e}", layout.etcd_dir.display()))
+                })?;
+                tracing::info!(to = %aside.display(), "the member's data moved aside");
+            }
+            let (file, dir, name, peer) = (
+                file.to_path_buf(),
+                layout.etcd_dir.clone(),
+                m.name.clone(),
+                peer_url.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                crate::store::snapshot::snapshot_restore_etcd(&file, &dir, &name, &peer)
+            })
+            .await
+            .map_err(|e| Error::Io(e.to_string()))?
+            .map_err(|e| Error::Io(e.to_string()))?;
+        }
+        None if !layout.has_member() => {
+            return Err(Error::Io(format!(
+                "{} holds no etcd member to reset (pass --cluster-reset-restore-path to start from a snapshot)",
+                layout.etcd_dir.display()
+            )))
+        }
+        None => {}
+    }
+    let member = launch(
+        cfg,
+        m,
+        member::Launch {
+            name: m.name.clone(),
+            layout: layout.clone(),
+            client_url: url(advertise, m.client_port),
+            initial_cluster: format!("{}={peer_url}", m.name),
+            peer_url,
+            initial_state: "new",
+            force_new_cluster: restore.is_none(),
+        },
+    )
+    .await?;
+    member.stop().await;
+    Ok(format!(
+        "the managed etcd cluster is reset to one member, {}: start skiff-server again without --cluster-reset.          On every other server, move {} aside and start it again with --server and --token: it joins anew.",
+        m.name,
+        layout.etcd_dir.display()
+    ))
 }
 
 /// Until the member answers a status request over TLS.
