@@ -79,11 +79,12 @@ async fn until(mut done: watch::Receiver<bool>) {
     leader::stopped(&mut done).await;
 }
 
-/// Run `work` until `stop`: under the Lease `lease` when `elect` (only
-/// while this server leads), else at once. `work` is handed the signal to
+/// Run `work` until `stop`: under the Lease `lease` when `elect` names
+/// this server (only while it leads; its identity is upstream's
+/// `NAME_UUID`), else at once. `work` is handed the signal to
 /// stop on: the server stopping, or the Lease lost.
 async fn under_lease<W, Fut>(
-    elect: bool,
+    elect: Option<String>,
     client: kube::Client,
     lease: &str,
     stop: watch::Receiver<bool>,
@@ -92,8 +93,8 @@ async fn under_lease<W, Fut>(
     W: Fn(watch::Receiver<bool>) -> Fut + Send,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    if elect {
-        let identity = leader::identity(&crate::server::hostname());
+    if let Some(name) = elect {
+        let identity = leader::identity(&name);
         leader::Elector::new(client, lease, identity, leader::Timing::default())
             .run(stop, work)
             .await;
@@ -131,7 +132,7 @@ pub async fn start(
         tasks.spawn(health.track(
             SCHEDULER,
             under_lease(
-                cfg.leader_elect,
+                cfg.leader_elect.then(|| cfg.node_name.clone()),
                 c,
                 "kube-scheduler",
                 stop.subscribe(),
@@ -169,7 +170,7 @@ pub async fn start(
         tasks.spawn(health.track(
             CONTROLLER_MANAGER,
             under_lease(
-                cfg.leader_elect,
+                cfg.leader_elect.then(|| cfg.node_name.clone()),
                 c,
                 "kube-controller-manager",
                 stop.subscribe(),

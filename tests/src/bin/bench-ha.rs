@@ -1,0 +1,181 @@
+//! High-availability benchmark: three skiff-servers on managed etcd, each
+//! in a network namespace of its own (the `ha` fixture).
+//!
+//! - Create throughput: ConfigMap creates at a fixed concurrency, all
+//!   through one server, then spread round-robin over the three, rounds
+//!   alternating; both sides write the same etcd cluster in the same run.
+//!   Prints the rate of each and the ratio spread / one.
+//! - Leader failover: the server holding the `kube-controller-manager`
+//!   Lease is SIGKILLed with its etcd member (the machine is gone); the
+//!   time until another server holds the Lease. Repeated, the killed
+//!   server started again between kills; prints each and the p50. The
+//!   Lease lasts 15 s, as upstream's, which bounds it from below.
+//!
+//! Run: `cargo build --release --workspace --bins &&
+//! SKIFF_SERVER_BIN=target/release/skiff-server target/release/bench-ha`
+//! (`-- --creates N --concurrency C --rounds R --kills K`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures::{stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use skiff_tests::bench::arg;
+use skiff_tests::cluster::client_from;
+use skiff_tests::ha::HaCluster;
+
+const SERVERS: usize = 3;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let creates = arg("--creates", 2000);
+    let concurrency = arg("--concurrency", 16);
+    let rounds = arg("--rounds", 2);
+    let kills = arg("--kills", 5);
+    let mut cluster = HaCluster::start(SERVERS).await?;
+    let result = run(&mut cluster, creates, concurrency, rounds, kills).await;
+    if result.is_err() {
+        eprintln!("{}", cluster.diagnostics());
+    }
+    let (one, spread, failovers) = result?;
+    let (one_rate, spread_rate) = (mean(&one), mean(&spread));
+    let ratio = spread_rate / one_rate;
+    let mut sorted = failovers.clone();
+    sorted.sort();
+    let p50 = sorted[sorted.len() / 2];
+    println!("{creates} ConfigMap creates per round, concurrency {concurrency}, {SERVERS} servers on managed etcd:");
+    println!(
+        "  through one server    {one_rate:8.0}/s   rounds {:?}",
+        rates(&one)
+    );
+    println!(
+        "  spread over {SERVERS}        {spread_rate:8.0}/s   rounds {:?}",
+        rates(&spread)
+    );
+    println!("  ratio spread/one {ratio:.2}");
+    println!(
+        "leader failover (kill -> another server holds kube-controller-manager's Lease; lease 15 s): p50 {:.1} s   each {:?}",
+        p50.as_secs_f64(),
+        failovers
+            .iter()
+            .map(|d| format!("{:.1}", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+    );
+    println!(
+        "{}",
+        json!({"bench": "ha", "creates": creates, "concurrency": concurrency,
+               "one_server_per_s": one_rate, "spread_per_s": spread_rate, "ratio": ratio,
+               "failover_p50_s": p50.as_secs_f64(),
+               "failovers_s": failovers.iter().map(Duration::as_secs_f64).collect::<Vec<_>>()})
+    );
+    Ok(())
+}
+
+type Outcome = (Vec<f64>, Vec<f64>, Vec<Duration>);
+
+async fn run(
+    c: &mut HaCluster,
+    creates: usize,
+    concurrency: usize,
+    rounds: usize,
+    kills: usize,
+) -> Result<Outcome> {
+    let mut clients = Vec::new();
+    for s in c.servers() {
+        clients.push(client_from(&s.admin_kubeconfig()).await?);
+    }
+    let (mut one, mut spread) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        one.push(create_round(&clients[..1], creates, concurrency, &format!("one{r}")).await?);
+        spread.push(create_round(&clients, creates, concurrency, &format!("spread{r}")).await?);
+    }
+    let mut failovers = Vec::new();
+    for _ in 0..kills {
+        failovers.push(failover(c, &clients).await?);
+    }
+    Ok((one, spread, failovers))
+}
+
+/// Creates per second: `n` ConfigMaps, `concurrency` at a time, the
+/// i-th through `clients[i % len]`.
+async fn create_round(
+    clients: &[kube::Client],
+    n: usize,
+    concurrency: usize,
+    tag: &str,
+) -> Result<f64> {
+    let apis: Vec<Api<ConfigMap>> = clients
+        .iter()
+        .map(|c| Api::namespaced(c.clone(), "default"))
+        .collect();
+    let t = Instant::now();
+    stream::iter(0..n)
+        .map(|i| {
+            let api = apis[i % apis.len()].clone();
+            async move {
+                let cm: ConfigMap = serde_json::from_value(json!({
+                    "metadata": {"name": format!("{tag}-{i}")},
+                    "data": {"k": "v"}
+                }))?;
+                api.create(&PostParams::default(), &cm).await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// The index of the server holding `kube-controller-manager`, asked of
+/// `client` (identities are `sN_UUID`).
+async fn holder(client: &kube::Client) -> Result<Option<usize>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let lease = leases.get("kube-controller-manager").await?;
+    let who = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    Ok(who
+        .strip_prefix('s')
+        .and_then(|rest| rest.split('_').next())
+        .and_then(|n| n.parse().ok()))
+}
+
+/// Kill the leader; the time until another server holds the Lease. The
+/// killed server is started again (and waited for) afterwards.
+async fn failover(c: &mut HaCluster, clients: &[kube::Client]) -> Result<Duration> {
+    let leader = holder(&clients[0])
+        .await
+        .ok()
+        .flatten()
+        .or(holder(&clients[1]).await?)
+        .context("nobody holds kube-controller-manager's Lease")?;
+    let watcher = &clients[(leader + 1) % clients.len()];
+    c.server_mut(leader).kill();
+    let killed = Instant::now();
+    let took = loop {
+        if killed.elapsed() > Duration::from_secs(120) {
+            bail!("no new leader within 120 s after killing s{leader}");
+        }
+        if let Ok(Some(now)) = holder(watcher).await {
+            if now != leader {
+                break killed.elapsed();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    c.restart(leader, &[]).await?;
+    Ok(took)
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn rates(v: &[f64]) -> Vec<String> {
+    v.iter().map(|r| format!("{r:.0}")).collect()
+}
