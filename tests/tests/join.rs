@@ -383,8 +383,9 @@ async fn etcd_status(s: &skiff_tests::ha::HaServer) -> Result<String> {
 /// Three servers on managed etcd, each its own machine: one starts the
 /// cluster, two join with a server token; they serve one store; a join
 /// whose token pins another CA is refused before anything is sent; the
-/// loss of one machine leaves the others writing, and its member can be
-/// removed.
+/// loss of one machine leaves the others writing; without a quorum
+/// writes fail and readyz says so, until a member returns; the lost
+/// member is removed, and a fourth server joins and leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_join_on_managed_etcd_and_survive_a_loss() -> Result<()> {
     let mut c = skiff_tests::ha::HaCluster::start(3).await?;
@@ -473,6 +474,46 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         .await?)?;
     ensure!(ready.contains("[+]etcd ok"), "{ready}");
 
+    // Two of three lost (one frozen): no quorum, writes fail with a 5xx
+    // and readyz says why; when the member returns, so do writes, and
+    // nothing acknowledged is lost.
+    let etcd_of_s2 = c.servers()[2].data_dir.join("etcd");
+    let freeze = |signal| {
+        skiff_tests::cleanup::kill_processes_mentioning(&etcd_of_s2.to_string_lossy(), signal)
+    };
+    freeze(nix::sys::signal::Signal::SIGSTOP);
+    let refused = c.servers()[1]
+        .kubectl(&["create", "configmap", "no-quorum"])
+        .await?;
+    let readyz = c.servers()[1]
+        .kubectl(&["get", "--raw", "/readyz?verbose"])
+        .await?;
+    freeze(nix::sys::signal::Signal::SIGCONT);
+    ensure!(
+        !refused.status.success(),
+        "a write without quorum succeeded"
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        stderr.contains("Internal error occurred: etcd store"),
+        "{stderr}"
+    );
+    ensure!(
+        !readyz.status.success(),
+        "readyz without quorum: {}",
+        String::from_utf8_lossy(&readyz.stdout)
+    );
+    wait_for("writes after the member returns", T, || async {
+        ok(survivor
+            .kubectl(&["create", "configmap", "quorum-back"])
+            .await?)
+        .map(|_| ())
+    })
+    .await?;
+    for name in ["ha", "after-loss"] {
+        ok(c.servers()[2].kubectl(&["get", "configmap", name]).await?)?;
+    }
+
     // The cluster shrinks: the lost member is removed.
     let out = c.servers()[1].cli(&["etcd", "remove", "s0"]).await?;
     ensure!(
@@ -486,6 +527,21 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         names == BTreeSet::from(["s1", "s2"]),
         "members: {members:?}"
     );
+
+    // A fourth server joins (through the second: the first is gone) and
+    // leaves again.
+    let (url, token) = (c.servers()[1].url(), c.token().to_string());
+    c.add(&["--server", &url, "--token", &token]).await?;
+    ok(c.servers()[3]
+        .kubectl(&["get", "configmap", "quorum-back"])
+        .await?)?;
+    c.server_mut(3).kill();
+    ok(c.servers()[1].cli(&["etcd", "remove", "s3"]).await?)?;
+    let members = etcd_members(&etcd_status(&c.servers()[1]).await?);
+    ensure!(members.len() == 2, "members: {members:?}");
+    ok(c.servers()[2]
+        .kubectl(&["create", "configmap", "after-leave"])
+        .await?)?;
     Ok(())
 }
 
