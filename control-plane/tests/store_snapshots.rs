@@ -55,7 +55,9 @@ async fn scheduled_snapshots_are_kept_listed_pruned_and_restored() {
         let now = names(&dir);
         seen.extend(
             now.into_iter()
-                .filter(|n| n.starts_with("etcd-snapshot-") && !n.ends_with(".part")),
+                // Being written: `NAME.part` and, for SQLite, its
+                // `NAME.part.tmp*` files.
+                .filter(|n| n.starts_with("etcd-snapshot-") && !n.contains(".part")),
         );
         let enough = seen.len() >= 4;
         async move { enough }
