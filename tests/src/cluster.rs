@@ -1261,14 +1261,14 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-fn block_cidr((first, len): (u8, u8)) -> String {
+pub(crate) fn block_cidr((first, len): (u8, u8)) -> String {
     let prefix = 24 - len.trailing_zeros();
     format!("198.18.{first}.0/{prefix}")
 }
 
 /// The third octet of a node's `198.18.X.0/24` podCIDR, checked to be in
 /// the cluster's block.
-fn subnet_index(cidr: &str, (first, len): (u8, u8)) -> Result<u8> {
+pub(crate) fn subnet_index(cidr: &str, (first, len): (u8, u8)) -> Result<u8> {
     let x = cidr
         .strip_prefix("198.18.")
         .and_then(|r| r.strip_suffix(".0/24"))

@@ -1,7 +1,9 @@
 //! A control plane of several skiff-servers on managed etcd, each in a
 //! network namespace of its own (a machine on the cluster's LAN): the
 //! first starts the cluster (`--cluster-init`), the others join it with
-//! a server token (`--server`, `--token`).
+//! a server token (`--server`, `--token`). Nodes (a containerd and an
+//! agent in a namespace of their own) can be added, talking to one
+//! server at first.
 //!
 //! Everything lives in a run directory that every process names in its
 //! flags (etcd's `--data-dir` included), so a dead run's leftovers are
@@ -14,8 +16,17 @@ use std::time::Duration;
 use anyhow::{anyhow, ensure, Context, Result};
 use nix::sys::signal::Signal;
 
+use cri_proto::v1;
+use k8s_openapi::api::core::v1::Node as NodeObject;
+use kube::Api;
+
+use crate::agent::{free_port, workspace_binary, TEST_AGENT_FLAGS};
 use crate::cleanup::{self, RunLock};
-use crate::cluster::{client_from, give_up, lease_block, remove_run, wait_for, Process};
+use crate::cluster::{
+    block_cidr, client_from, give_up, lease_block, node_ready, remove_run, subnet_index, wait_for,
+    Process,
+};
+use crate::containerd::Containerd;
 use crate::netns::{Lan, NodeNs, SERVICE_RANGE};
 
 /// The group of tokens that join servers (the server's
@@ -110,13 +121,54 @@ impl HaServer {
     }
 }
 
-/// The servers and their LAN.
+/// One node: its agent (declared first: it stops before its containerd
+/// is torn down, or it would start sandboxes again meanwhile).
+pub struct HaAgent {
+    pub name: String,
+    pub ns: NodeNs,
+    process: Process,
+    containerd: Containerd,
+}
+
+impl HaAgent {
+    pub fn running(&self) -> bool {
+        self.process.running()
+    }
+
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+
+    /// The running containers, through CRI.
+    ///
+    /// # Errors
+    /// The CRI call failed.
+    pub async fn running_containers(&self) -> Result<Vec<v1::Container>> {
+        let running = v1::ContainerState::ContainerRunning as i32;
+        let resp = self
+            .containerd
+            .client()
+            .list_containers(v1::ListContainersRequest::default())
+            .await
+            .with_context(|| format!("listing containers on {}", self.name))?;
+        Ok(resp
+            .containers
+            .into_iter()
+            .filter(|c| c.state == running)
+            .collect())
+    }
+}
+
+/// The servers, their nodes and their LAN.
 pub struct HaCluster {
     id: String,
     dir: PathBuf,
     lan: Lan,
     lan_block: (u8, u8),
+    /// The nodes' pod subnets (`--cluster-cidr`).
+    pod_block: (u8, u8),
     binary: PathBuf,
+    agents: Vec<HaAgent>,
     servers: Vec<HaServer>,
     /// The token servers join with.
     token: String,
@@ -141,8 +193,11 @@ impl HaCluster {
         })
         .await??;
         let (id, dir, lock) = tokio::task::spawn_blocking(cleanup::create_run_dir).await??;
-        let leased = lease_block(1, &id).and_then(|block| Ok((block, Lan::create(&id, block.0)?)));
-        let (lan_block, lan) = match leased {
+        let leased = lease_block(2, &id).and_then(|pods| {
+            let block = lease_block(1, &id)?;
+            Ok((pods, block, Lan::create(&id, block.0)?))
+        });
+        let (pod_block, lan_block, lan) = match leased {
             Ok(l) => l,
             Err(e) => {
                 let _ = remove_run(&dir, &[], &id);
@@ -154,7 +209,9 @@ impl HaCluster {
             dir,
             lan,
             lan_block,
+            pod_block,
             binary,
+            agents: Vec::new(),
             servers: Vec::new(),
             token: String::new(),
             _lock: lock,
@@ -268,9 +325,8 @@ impl HaCluster {
             format!("--bind-address={}", ns.ip),
             format!("--secure-port={PORT}"),
             format!("--service-cluster-ip-range={SERVICE_RANGE}"),
-            // No node joins: pod ranges are never handed out.
-            format!("--cluster-cidr=198.18.{}.128/25", self.lan_block.0),
-            "--node-cidr-mask-size=28".into(),
+            format!("--cluster-cidr={}", block_cidr(self.pod_block)),
+            "--node-cidr-mask-size=24".into(),
             "--etcd-disable-snapshots".into(),
         ];
         flags.extend(args.iter().map(|a| a.to_string()));
@@ -286,6 +342,124 @@ impl HaCluster {
 
     pub fn servers(&self) -> &[HaServer] {
         &self.servers
+    }
+
+    pub fn agents(&self) -> &[HaAgent] {
+        &self.agents
+    }
+
+    /// A node (`node-N`): its containerd and agent in a namespace of
+    /// their own, the agent's kubeconfig naming server `server` (it
+    /// learns the others from `default/kubernetes`); waited for until
+    /// Ready with a podCIDR and its network.
+    ///
+    /// # Errors
+    /// The block is full, or the node does not become Ready.
+    pub async fn add_agent(&mut self, server: usize) -> Result<&HaAgent> {
+        let k = self.agents.len();
+        ensure!(k < 2, "the pod block holds two nodes");
+        let name = format!("node-{}", k + 1);
+        let ns = self.lan.add_node(u8::try_from(20 + k)?)?;
+        let containerd = Containerd::builder()
+            .external_cni(self.pod_block.0 + u8::try_from(k)?)
+            .netns(ns.path())
+            .start()
+            .await
+            .with_context(|| format!("starting the containerd of {name}"))?;
+        let dir = self.dir.join(&name);
+        for sub in ["root", "logs", "manifests"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        let s = &self.servers[server];
+        let user = format!("system:node:{name}");
+        let out = s
+            .cli(&[
+                "kubeconfig",
+                "--user",
+                &user,
+                "--group",
+                "system:nodes",
+                "--server",
+                &s.url(),
+            ])
+            .await?;
+        ensure!(
+            out.status.success(),
+            "kubeconfig for {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, &out.stdout)?;
+        let resolv_conf = dir.join("resolv.conf");
+        std::fs::write(&resolv_conf, format!("nameserver {}\n", self.lan.gateway()))?;
+        let mut args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--node-name={name}"),
+            format!("--container-runtime-endpoint={}", containerd.endpoint()),
+            format!("--root-dir={}", dir.join("root").display()),
+            format!("--pod-log-dir={}", dir.join("logs").display()),
+            format!("--static-pod-path={}", dir.join("manifests").display()),
+            "--status-address=none".into(),
+            format!("--port={}", free_port()?),
+            format!("--cni-conf-dir={}", containerd.cni_conf_dir().display()),
+            format!("--cni-bridge={}", containerd.bridge()),
+            "--runtime-request-timeout=30s".into(),
+            format!("--node-ip={}", ns.ip),
+            format!("--resolv-conf={}", resolv_conf.display()),
+        ];
+        args.extend(TEST_AGENT_FLAGS.map(String::from));
+        let agent_binary =
+            tokio::task::spawn_blocking(|| workspace_binary("skiff-agent", "skiff-agent"))
+                .await??;
+        let mut process = Process::new(
+            "skiff-agent",
+            agent_binary,
+            args,
+            dir.join("agent.log"),
+            "SKIFF_AGENT_LOG",
+        )
+        .in_netns(ns.path());
+        process.spawn()?;
+        self.agents.push(HaAgent {
+            name: name.clone(),
+            ns,
+            process,
+            containerd,
+        });
+        let client = client_from(&self.servers[server].admin_kubeconfig()).await?;
+        let block = self.pod_block;
+        let agent = self.agents.last().expect("just added");
+        let cri = agent.containerd.client();
+        let index = wait_for(
+            &format!("{name} to join"),
+            Duration::from_secs(120),
+            || async {
+                if !agent.process.running() {
+                    let log = agent.process.log_tail(20);
+                    return Err(give_up(anyhow!("its agent exited; log tail:\n{log}")));
+                }
+                let obj = Api::<NodeObject>::all(client.clone())
+                    .get_opt(&name)
+                    .await?
+                    .context("no Node object yet")?;
+                let cidr = obj
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.pod_cidr.clone())
+                    .context("no podCIDR yet")?;
+                let index = subnet_index(&cidr, block)?;
+                let status = cri.status(v1::StatusRequest { verbose: false }).await?;
+                let conditions = status.status.map(|s| s.conditions).unwrap_or_default();
+                let net = conditions.iter().find(|c| c.r#type == "NetworkReady");
+                ensure!(net.is_some_and(|c| c.status), "NetworkReady: {net:?}");
+                ensure!(node_ready(&obj), "Node {name} not Ready");
+                Ok(index)
+            },
+        )
+        .await?;
+        let agent = self.agents.last_mut().expect("just added");
+        agent.containerd.set_subnet(index)?;
+        Ok(agent)
     }
 
     pub fn server_mut(&mut self, i: usize) -> &mut HaServer {
@@ -309,12 +483,14 @@ impl HaCluster {
 
 impl Drop for HaCluster {
     fn drop(&mut self) {
+        // Each agent stops, then its containerd tears itself down.
+        self.agents.clear();
         for s in &mut self.servers {
             s.kill();
         }
         // Whatever else names the run (an etcd a server left behind).
         cleanup::kill_processes_mentioning(&self.dir.to_string_lossy(), Signal::SIGKILL);
-        for e in remove_run(&self.dir, &[self.lan_block], &self.id) {
+        for e in remove_run(&self.dir, &[self.lan_block, self.pod_block], &self.id) {
             eprintln!("skiff-tests: cleanup of HA run {}: {e}", self.id);
         }
     }

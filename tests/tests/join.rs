@@ -638,3 +638,161 @@ async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         .await?)?;
     Ok(())
 }
+
+/// The server index in a Lease holder identity (`sN_UUID`).
+async fn lease_holder(client: &kube::Client, lease: &str) -> Result<usize> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-system");
+    let who = leases
+        .get(lease)
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    who.strip_prefix('s')
+        .and_then(|rest| rest.split('_').next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("{lease} held by {who:?}"))
+}
+
+/// Three servers on managed etcd and two nodes whose agents talk to the
+/// server leading the scheduler. That server is SIGKILLed with its etcd:
+/// another one takes the scheduler and the controllers over, the agents
+/// move to a live server, the Deployment scales on, and no pod restarts
+/// or runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_outlives_the_leading_server() -> Result<()> {
+    let mut c = skiff_tests::ha::HaCluster::start(3).await?;
+    let result = leader_loss_scenario(&mut c).await;
+    if result.is_err() {
+        eprintln!("{}", c.diagnostics());
+        for a in c.agents() {
+            let log = a.log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            eprintln!(
+                "--- {} ---\n{}",
+                a.name,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+    result
+}
+
+async fn leader_loss_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
+    let first = skiff_tests::cluster::client_from(&c.servers()[0].admin_kubeconfig()).await?;
+    let leader = wait_for("a scheduler leader", T, || {
+        lease_holder(&first, "kube-scheduler")
+    })
+    .await?;
+    c.add_agent(leader).await?;
+    c.add_agent(leader).await?;
+    let survivor = (leader + 1) % 3;
+    let client =
+        skiff_tests::cluster::client_from(&c.servers()[survivor].admin_kubeconfig()).await?;
+    let manifest = c.dir().join("web.yaml");
+    std::fs::write(
+        &manifest,
+        DEPLOYMENT
+            .replace("IMAGE", TOOLBOX_IMAGE)
+            .replace("replicas: 2", "replicas: 4"),
+    )?;
+    let kubectl_ok = |out: std::process::Output| -> Result<()> {
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    kubectl_ok(
+        c.servers()[leader]
+            .kubectl(&["apply", "-f", &manifest.to_string_lossy()])
+            .await?,
+    )?;
+    let before = wait_for("4 ready pods", T, || async {
+        let pods = containers(&client).await?;
+        ensure!(pods.len() == 4, "{} pods", pods.len());
+        Ok(pods)
+    })
+    .await?;
+    let mut running_before = BTreeSet::new();
+    for a in c.agents() {
+        for ct in a.running_containers().await? {
+            running_before.insert(ct.id);
+        }
+    }
+
+    // The leading server's machine is gone.
+    c.server_mut(leader).kill();
+    let killed = jiff::Timestamp::now();
+    wait_for("a new scheduler leader", T, || async {
+        let now = lease_holder(&client, "kube-scheduler").await?;
+        ensure!(now != leader, "still s{leader}");
+        Ok(())
+    })
+    .await?;
+    kubectl_ok(
+        c.servers()[survivor]
+            .kubectl(&["scale", "deployment", "web", "--replicas=6"])
+            .await?,
+    )?;
+    let after = wait_for("6 ready pods", T, || async {
+        let pods = containers(&client).await?;
+        ensure!(pods.len() == 6, "{} pods", pods.len());
+        Ok(pods)
+    })
+    .await?;
+    for (name, (id, restarts)) in &before {
+        ensure!(
+            after.get(name) == Some(&(id.clone(), *restarts)) && *restarts == 0,
+            "{name} changed: before {id} x{restarts}, after {:?}",
+            after.get(name)
+        );
+    }
+    ensure!(after.values().all(|(_, r)| *r == 0), "restarts: {after:?}");
+    let mut running_after = BTreeSet::new();
+    for a in c.agents() {
+        for ct in a.running_containers().await? {
+            running_after.insert(ct.id);
+        }
+    }
+    ensure!(
+        running_before.is_subset(&running_after),
+        "containers of before the loss are gone: {:?}",
+        running_before
+            .difference(&running_after)
+            .collect::<Vec<_>>()
+    );
+    // The agents report through a live server: their Leases renewed
+    // after the kill.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-node-lease");
+    wait_for("node leases renewed after the loss", T, || async {
+        for a in c.agents() {
+            let renewed = leases
+                .get(&a.name)
+                .await?
+                .spec
+                .and_then(|s| s.renew_time)
+                .context("no renewTime")?;
+            ensure!(
+                renewed.0 > killed,
+                "{} last renewed {:?}",
+                a.name,
+                renewed.0
+            );
+        }
+        Ok(())
+    })
+    .await?;
+    for a in c.agents() {
+        ensure!(a.running(), "{} exited", a.name);
+        ensure!(
+            a.log().contains("API server not ready: using another"),
+            "{} never moved to another server",
+            a.name
+        );
+    }
+    Ok(())
+}
