@@ -85,6 +85,24 @@ fn is_compacted(e: &etcd_client::Error) -> bool {
         .contains("required revision has been compacted")
 }
 
+/// The member cannot serve for now (a leader election, a partition): a
+/// read may be asked again, as Go's client does for read-only calls.
+fn is_unavailable(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::Unavailable)
+}
+
+/// Pauses between asking a read again while etcd is unavailable: about
+/// two election timeouts in all.
+const READ_RETRIES: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(300),
+    Duration::from_millis(600),
+    Duration::from_millis(1000),
+];
+
+/// A refusal this quick is an election under way, not a lost quorum.
+const QUICK_REFUSAL: Duration = Duration::from_millis(500);
+
 fn is_future(e: &etcd_client::Error) -> bool {
     e.to_string()
         .contains("required revision is a future revision")
@@ -161,11 +179,31 @@ impl EtcdStore {
         Ok(PutOptions::new().with_lease(id))
     }
 
+    /// A read, asked again while etcd elects a leader: only after quick
+    /// refusals (`leader changed`), not after one that took its time
+    /// (`request timed out`: no quorum), which would only add up.
+    async fn read(
+        &self,
+        key: impl Into<Vec<u8>> + Clone,
+        opts: Option<GetOptions>,
+    ) -> std::result::Result<etcd_client::GetResponse, etcd_client::Error> {
+        let mut c = self.client.clone();
+        for pause in READ_RETRIES {
+            let asked = Instant::now();
+            match c.get(key.clone(), opts.clone()).await {
+                Err(e) if is_unavailable(&e) && asked.elapsed() < QUICK_REFUSAL => {
+                    tokio::time::sleep(pause).await;
+                }
+                done => return done,
+            }
+        }
+        c.get(key, opts).await
+    }
+
     /// The latest revision and the current value (if any) of `key`.
     async fn current(&self, key: &str) -> Result<(i64, Option<KeyValue>)> {
-        let mut c = self.client.clone();
-        let resp = c
-            .get(key, None)
+        let resp = self
+            .read(key, None)
             .await
             .map_err(etcd_err(format!("get {key}")))?;
         Ok((header_rev(resp.header()), resp.kvs().first().map(kv_of)))
@@ -216,10 +254,9 @@ impl Store for EtcdStore {
     }
 
     async fn current_revision(&self) -> Result<i64> {
-        let mut c = self.client.clone();
         // A count-only read of one key: cheap, and linearizable.
-        let resp = c
-            .get("/", Some(GetOptions::new().with_count_only()))
+        let resp = self
+            .read("/", Some(GetOptions::new().with_count_only()))
             .await
             .map_err(etcd_err("read current revision"))?;
         Ok(header_rev(resp.header()))
@@ -255,8 +292,7 @@ impl Store for EtcdStore {
         if let Some(r) = rev {
             opts = opts.with_revision(r);
         }
-        let mut c = self.client.clone();
-        match c.get(start, Some(opts)).await {
+        match self.read(start, Some(opts)).await {
             Ok(resp) => Ok(ListResult {
                 kvs: resp.kvs().iter().map(kv_of).collect(),
                 // The header carries the newest revision, not the one read.
