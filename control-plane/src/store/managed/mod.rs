@@ -121,6 +121,7 @@ pub async fn start(cfg: &Config, m: &ManagedEtcd) -> Result<Member, Error> {
     launch(
         cfg,
         m,
+        advertise,
         member::Launch {
             name: m.name.clone(),
             layout,
@@ -134,9 +135,14 @@ pub async fn start(cfg: &Config, m: &ManagedEtcd) -> Result<Member, Error> {
     .await
 }
 
-/// Issue the member's certificate, start it, wait until it answers.
-async fn launch(cfg: &Config, m: &ManagedEtcd, l: member::Launch) -> Result<Member, Error> {
-    let advertise = crate::server::advertise_ip(cfg);
+/// Issue the member's certificate (for `advertise`, where peers and
+/// clients reach it), start it, wait until it answers.
+async fn launch(
+    cfg: &Config,
+    m: &ManagedEtcd,
+    advertise: IpAddr,
+    l: member::Launch,
+) -> Result<Member, Error> {
     let ca = Pki::etcd(&cfg.data_dir)?;
     let sans = [
         advertise.to_string(),
@@ -213,6 +219,7 @@ pub async fn reset(cfg: &Config, m: &ManagedEtcd, restore: Option<&Path>) -> Res
     let member = launch(
         cfg,
         m,
+        advertise,
         member::Launch {
             name: m.name.clone(),
             layout: layout.clone(),
