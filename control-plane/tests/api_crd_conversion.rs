@@ -49,6 +49,20 @@ fn get(s: &TestServer, version: &str, name: &str) -> Value {
     ])))
 }
 
+/// The Gauge definition's webhook moved to `path` of the test server.
+fn point_webhook(s: &TestServer, port: u16, path: &str) {
+    let mut crd = json(ok(s.kubectl(&[
+        "get",
+        "crd",
+        "gauges.example.com",
+        "-o",
+        "json",
+    ])));
+    crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"] =
+        serde_json::json!(format!("https://127.0.0.1:{port}{path}"));
+    ok(s.kubectl_stdin(&["replace", "-f", "-"], &crd.to_string()));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_conversion_webhook_converts_between_versions() {
     let s = TestServer::start().await;
@@ -159,16 +173,7 @@ async fn a_conversion_webhook_converts_between_versions() {
 
     // A failing webhook fails reads and writes that need it, storing
     // nothing; reads at the storage version go on.
-    let mut crd = json(ok(s.kubectl(&[
-        "get",
-        "crd",
-        "gauges.example.com",
-        "-o",
-        "json",
-    ])));
-    crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"] =
-        serde_json::json!(format!("https://127.0.0.1:{}/convert-fail", hook.port));
-    ok(s.kubectl_stdin(&["replace", "-f", "-"], &crd.to_string()));
+    point_webhook(&s, hook.port, "/convert-fail");
     let path = "/apis/example.com/v2/namespaces/default/gauges/a";
     assert!(
         eventually(Duration::from_secs(10), || {
@@ -194,16 +199,7 @@ async fn a_conversion_webhook_converts_between_versions() {
     assert_eq!(get(&s, "v1", "a")["spec"]["size"], "7");
 
     // An answer for another request is refused.
-    crd = json(ok(s.kubectl(&[
-        "get",
-        "crd",
-        "gauges.example.com",
-        "-o",
-        "json",
-    ])));
-    crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"] =
-        serde_json::json!(format!("https://127.0.0.1:{}/convert-uid", hook.port));
-    ok(s.kubectl_stdin(&["replace", "-f", "-"], &crd.to_string()));
+    point_webhook(&s, hook.port, "/convert-uid");
     assert!(
         eventually(Duration::from_secs(10), || {
             let out = s.kubectl(&["get", "--raw", path]);

@@ -256,28 +256,21 @@ impl Cluster {
         for sub in ["root", "logs", "manifests"] {
             std::fs::create_dir_all(dir.join(sub))?;
         }
-        let kubeconfig = dir.join("kubeconfig");
         let user = format!("system:node:{name}");
         let text = self
             .server
             .kubeconfig(&user, &["system:nodes"])
             .with_context(|| format!("issuing the kubeconfig of {name}"))?;
-        std::fs::write(&kubeconfig, text)?;
+        std::fs::write(dir.join("kubeconfig"), text)?;
         // Names outside the cluster go to the host's LAN address, where a
         // test may serve them (nothing answers otherwise): never further.
-        let resolv_conf = dir.join("resolv.conf");
-        std::fs::write(&resolv_conf, format!("nameserver {}\n", self.lan.gateway()))?;
+        std::fs::write(
+            dir.join("resolv.conf"),
+            format!("nameserver {}\n", self.lan.gateway()),
+        )?;
         let o = &self.options;
-        let mut args = vec![
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--node-name={name}"),
-            format!("--container-runtime-endpoint={}", containerd.endpoint()),
-            format!("--root-dir={}", dir.join("root").display()),
-            format!("--pod-log-dir={}", dir.join("logs").display()),
-            format!("--static-pod-path={}", dir.join("manifests").display()),
-            "--status-address=none".into(),
-            // Many agents share this host: each its own node server port.
-            format!("--port={}", free_port()?),
+        let mut args = node_flags(&name, &containerd, &ns, &dir)?;
+        args.extend([
             format!(
                 "--node-status-update-frequency={}ms",
                 o.node_status_update_frequency.as_millis()
@@ -286,13 +279,7 @@ impl Cluster {
                 "--node-lease-duration-seconds={}",
                 o.node_lease_duration_seconds
             ),
-            format!("--cni-conf-dir={}", containerd.cni_conf_dir().display()),
-            format!("--cni-bridge={}", containerd.bridge()),
-            "--runtime-request-timeout=30s".into(),
-            format!("--node-ip={}", ns.ip),
-            format!("--resolv-conf={}", resolv_conf.display()),
-        ];
-        args.extend(crate::agent::TEST_AGENT_FLAGS.map(String::from));
+        ]);
         if !opts.labels.is_empty() {
             let labels: Vec<String> = opts
                 .labels
@@ -327,40 +314,16 @@ impl Cluster {
     /// records the podCIDR as the containerd run's subnet (cleanup).
     async fn wait_joined(&mut self, name: &str) -> Result<()> {
         let client = self.client().await?;
-        let timeout = self.options.start_timeout;
-        let block = self.block;
         let node = self.node(name).context("no such node")?;
-        let cri = node.containerd.client();
-        let joined = wait_for(&format!("node {name} to join"), timeout, || async {
-            if !node.agent.running() {
-                let log = node.agent.log_tail(20);
-                return Err(give_up(anyhow!("its agent exited; log tail:\n{log}")));
-            }
-            let obj = Api::<NodeObject>::all(client.clone())
-                .get_opt(name)
-                .await?
-                .context("no Node object yet")?;
-            let cidr = obj
-                .spec
-                .as_ref()
-                .and_then(|s| s.pod_cidr.clone())
-                .context("no podCIDR yet")?;
-            let index = subnet_index(&cidr, block)?;
-            let status = cri.status(v1::StatusRequest { verbose: false }).await?;
-            let conditions = status.status.map(|s| s.conditions).unwrap_or_default();
-            let net = conditions.iter().find(|c| c.r#type == "NetworkReady");
-            ensure!(
-                net.is_some_and(|c| c.status),
-                "podCIDR {cidr}, containerd NetworkReady is not true: {net:?}"
-            );
-            ensure!(
-                node_ready(&obj),
-                "podCIDR {cidr}, network ready, Node condition Ready is not True"
-            );
-            Ok(index)
-        })
-        .await;
-        let index = joined?;
+        let index = wait_node_joined(
+            &client,
+            name,
+            &node.agent,
+            &node.containerd,
+            self.block,
+            self.options.start_timeout,
+        )
+        .await?;
         self.node_mut(name)
             .context("no such node")?
             .containerd
@@ -766,6 +729,83 @@ impl Drop for Cluster {
             eprintln!("skiff-tests: cleanup of cluster {}: {e}", self.id);
         }
     }
+}
+
+/// The flags of a node's agent running against `containerd` in `ns`, with
+/// its state in `dir` (where `kubeconfig` and `resolv.conf` are written).
+///
+/// # Errors
+/// No free port for its node server.
+pub(crate) fn node_flags(
+    name: &str,
+    containerd: &Containerd,
+    ns: &NodeNs,
+    dir: &Path,
+) -> Result<Vec<String>> {
+    let mut args = vec![
+        format!("--kubeconfig={}", dir.join("kubeconfig").display()),
+        format!("--node-name={name}"),
+        format!("--container-runtime-endpoint={}", containerd.endpoint()),
+        format!("--root-dir={}", dir.join("root").display()),
+        format!("--pod-log-dir={}", dir.join("logs").display()),
+        format!("--static-pod-path={}", dir.join("manifests").display()),
+        "--status-address=none".into(),
+        // Many agents share this host: each its own node server port.
+        format!("--port={}", free_port()?),
+        format!("--cni-conf-dir={}", containerd.cni_conf_dir().display()),
+        format!("--cni-bridge={}", containerd.bridge()),
+        "--runtime-request-timeout=30s".into(),
+        format!("--node-ip={}", ns.ip),
+        format!("--resolv-conf={}", dir.join("resolv.conf").display()),
+    ];
+    args.extend(crate::agent::TEST_AGENT_FLAGS.map(String::from));
+    Ok(args)
+}
+
+/// Waits until node `name` is Ready with a podCIDR in `block` and its
+/// containerd has loaded the agent's CNI configuration (NetworkReady);
+/// the podCIDR's third octet.
+///
+/// # Errors
+/// Timeout (with the last state seen), or the agent exited.
+pub(crate) async fn wait_node_joined(
+    client: &kube::Client,
+    name: &str,
+    agent: &Process,
+    containerd: &Containerd,
+    block: (u8, u8),
+    timeout: Duration,
+) -> Result<u8> {
+    let cri = containerd.client();
+    wait_for(&format!("node {name} to join"), timeout, || async {
+        if !agent.running() {
+            let log = agent.log_tail(20);
+            return Err(give_up(anyhow!("its agent exited; log tail:\n{log}")));
+        }
+        let obj = Api::<NodeObject>::all(client.clone())
+            .get_opt(name)
+            .await?
+            .context("no Node object yet")?;
+        let cidr = obj
+            .spec
+            .as_ref()
+            .and_then(|s| s.pod_cidr.clone())
+            .context("no podCIDR yet")?;
+        let index = subnet_index(&cidr, block)?;
+        let status = cri.status(v1::StatusRequest { verbose: false }).await?;
+        let conditions = status.status.map(|s| s.conditions).unwrap_or_default();
+        let net = conditions.iter().find(|c| c.r#type == "NetworkReady");
+        ensure!(
+            net.is_some_and(|c| c.status),
+            "podCIDR {cidr}, containerd NetworkReady is not true: {net:?}"
+        );
+        ensure!(
+            node_ready(&obj),
+            "podCIDR {cidr}, network ready, Node condition Ready is not True"
+        );
+        Ok(index)
+    })
+    .await
 }
 
 /// Removes the LAN, unmounts and removes the run directory, then releases

@@ -17,14 +17,12 @@ use anyhow::{anyhow, ensure, Context, Result};
 use nix::sys::signal::Signal;
 
 use cri_proto::v1;
-use k8s_openapi::api::core::v1::Node as NodeObject;
-use kube::Api;
 
-use crate::agent::{free_port, workspace_binary, TEST_AGENT_FLAGS};
+use crate::agent::workspace_binary;
 use crate::cleanup::{self, RunLock};
 use crate::cluster::{
-    block_cidr, client_from, give_up, lease_block, node_ready, remove_run, subnet_index, wait_for,
-    Process,
+    block_cidr, client_from, give_up, lease_block, node_flags, remove_run, wait_for,
+    wait_node_joined, Process,
 };
 use crate::containerd::Containerd;
 use crate::netns::{Lan, NodeNs, SERVICE_RANGE};
@@ -34,6 +32,27 @@ use crate::netns::{Lan, NodeNs, SERVICE_RANGE};
 pub const SERVERS_GROUP: &str = "system:bootstrappers:skiff:servers";
 
 const PORT: u16 = 6443;
+
+/// The server (`sN`) holding the Lease `kube-system/LEASE`, asked of
+/// `client`: holder identities are `NODE-NAME_UUID`, and the fixture
+/// names its servers `sN`.
+///
+/// # Errors
+/// The Lease cannot be read, or names no server of the fixture.
+pub async fn lease_holder(client: &kube::Client, lease: &str) -> Result<usize> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), "kube-system");
+    let who = leases
+        .get(lease)
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    who.strip_prefix('s')
+        .and_then(|rest| rest.split('_').next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("{lease} held by {who:?}"))
+}
 
 /// One server: its machine, its process, its data.
 pub struct HaServer {
@@ -388,26 +407,12 @@ impl HaCluster {
             "kubeconfig for {name}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(&kubeconfig, &out.stdout)?;
-        let resolv_conf = dir.join("resolv.conf");
-        std::fs::write(&resolv_conf, format!("nameserver {}\n", self.lan.gateway()))?;
-        let mut args = vec![
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--node-name={name}"),
-            format!("--container-runtime-endpoint={}", containerd.endpoint()),
-            format!("--root-dir={}", dir.join("root").display()),
-            format!("--pod-log-dir={}", dir.join("logs").display()),
-            format!("--static-pod-path={}", dir.join("manifests").display()),
-            "--status-address=none".into(),
-            format!("--port={}", free_port()?),
-            format!("--cni-conf-dir={}", containerd.cni_conf_dir().display()),
-            format!("--cni-bridge={}", containerd.bridge()),
-            "--runtime-request-timeout=30s".into(),
-            format!("--node-ip={}", ns.ip),
-            format!("--resolv-conf={}", resolv_conf.display()),
-        ];
-        args.extend(TEST_AGENT_FLAGS.map(String::from));
+        std::fs::write(dir.join("kubeconfig"), &out.stdout)?;
+        std::fs::write(
+            dir.join("resolv.conf"),
+            format!("nameserver {}\n", self.lan.gateway()),
+        )?;
+        let args = node_flags(&name, &containerd, &ns, &dir)?;
         let agent_binary =
             tokio::task::spawn_blocking(|| workspace_binary("skiff-agent", "skiff-agent"))
                 .await??;
@@ -427,34 +432,14 @@ impl HaCluster {
             containerd,
         });
         let client = client_from(&self.servers[server].admin_kubeconfig()).await?;
-        let block = self.pod_block;
         let agent = self.agents.last().expect("just added");
-        let cri = agent.containerd.client();
-        let index = wait_for(
-            &format!("{name} to join"),
+        let index = wait_node_joined(
+            &client,
+            &name,
+            &agent.process,
+            &agent.containerd,
+            self.pod_block,
             Duration::from_secs(120),
-            || async {
-                if !agent.process.running() {
-                    let log = agent.process.log_tail(20);
-                    return Err(give_up(anyhow!("its agent exited; log tail:\n{log}")));
-                }
-                let obj = Api::<NodeObject>::all(client.clone())
-                    .get_opt(&name)
-                    .await?
-                    .context("no Node object yet")?;
-                let cidr = obj
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.pod_cidr.clone())
-                    .context("no podCIDR yet")?;
-                let index = subnet_index(&cidr, block)?;
-                let status = cri.status(v1::StatusRequest { verbose: false }).await?;
-                let conditions = status.status.map(|s| s.conditions).unwrap_or_default();
-                let net = conditions.iter().find(|c| c.r#type == "NetworkReady");
-                ensure!(net.is_some_and(|c| c.status), "NetworkReady: {net:?}");
-                ensure!(node_ready(&obj), "Node {name} not Ready");
-                Ok(index)
-            },
         )
         .await?;
         let agent = self.agents.last_mut().expect("just added");
@@ -471,13 +456,25 @@ impl HaCluster {
         &self.dir
     }
 
-    /// The servers' logs' tails, for a failure's message.
+    /// The servers' and agents' logs' tails, for a failure's message.
     pub fn diagnostics(&self) -> String {
-        self.servers
+        let servers = self
+            .servers
             .iter()
-            .map(|s| format!("--- {} ---\n{}", s.name, s.log_tail(30)))
-            .collect::<Vec<_>>()
-            .join("\n")
+            .map(|s| format!("--- {} ---\n{}", s.name, s.log_tail(30)));
+        let agents = self
+            .agents
+            .iter()
+            .map(|a| format!("--- {} ---\n{}", a.name, a.process.log_tail(20)));
+        servers.chain(agents).collect::<Vec<_>>().join("\n")
+    }
+
+    /// `result`, with the logs printed when it is an error.
+    pub fn report<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            eprintln!("{}", self.diagnostics());
+        }
+        result
     }
 }
 

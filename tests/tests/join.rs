@@ -370,14 +370,20 @@ fn etcd_members(status: &str) -> Vec<(String, bool)> {
         .collect()
 }
 
-async fn etcd_status(s: &skiff_tests::ha::HaServer) -> Result<String> {
-    let out = s.cli(&["etcd", "status"]).await?;
+/// The stdout of a command that succeeded; what it printed, as the
+/// error, otherwise.
+fn succeeded(out: std::process::Output) -> Result<String> {
     ensure!(
         out.status.success(),
-        "etcd status: {}",
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+async fn etcd_status(s: &skiff_tests::ha::HaServer) -> Result<String> {
+    succeeded(s.cli(&["etcd", "status"]).await?).context("etcd status")
 }
 
 /// Three servers on managed etcd, each its own machine: one starts the
@@ -390,10 +396,7 @@ async fn etcd_status(s: &skiff_tests::ha::HaServer) -> Result<String> {
 async fn servers_join_on_managed_etcd_and_survive_a_loss() -> Result<()> {
     let mut c = skiff_tests::ha::HaCluster::start(3).await?;
     let result = servers_scenario(&mut c).await;
-    if result.is_err() {
-        eprintln!("{}", c.diagnostics());
-    }
-    result
+    c.report(result)
 }
 
 async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
@@ -408,36 +411,36 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         "one leader: {members:?}"
     );
 
-    let ok = |out: std::process::Output| -> Result<String> {
-        ensure!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    ok(c.servers()[1]
-        .kubectl(&["create", "configmap", "ha", "--from-literal=a=1"])
-        .await?)?;
-    let a = ok(c.servers()[2]
-        .kubectl(&["get", "configmap", "ha", "-o", "jsonpath={.data.a}"])
-        .await?)?;
+    succeeded(
+        c.servers()[1]
+            .kubectl(&["create", "configmap", "ha", "--from-literal=a=1"])
+            .await?,
+    )?;
+    let a = succeeded(
+        c.servers()[2]
+            .kubectl(&["get", "configmap", "ha", "-o", "jsonpath={.data.a}"])
+            .await?,
+    )?;
     ensure!(a == "1", "read through another server: {a:?}");
     // Each server's own admin kubeconfig is signed by the one cluster CA.
-    ok(c.servers()[2]
-        .kubectl(&["--server", &c.servers()[0].url(), "get", "ns", "default"])
-        .await?)?;
+    succeeded(
+        c.servers()[2]
+            .kubectl(&["--server", &c.servers()[0].url(), "get", "ns", "default"])
+            .await?,
+    )?;
     let servers = &c.servers()[0];
     wait_for("default/kubernetes to list three servers", T, || async {
-        let ips = ok(servers
-            .kubectl(&[
-                "get",
-                "endpoints",
-                "kubernetes",
-                "-o",
-                "jsonpath={.subsets[*].addresses[*].ip}",
-            ])
-            .await?)?;
+        let ips = succeeded(
+            servers
+                .kubectl(&[
+                    "get",
+                    "endpoints",
+                    "kubernetes",
+                    "-o",
+                    "jsonpath={.subsets[*].addresses[*].ip}",
+                ])
+                .await?,
+        )?;
         ensure!(ips.split_whitespace().count() == 3, "addresses: {ips:?}");
         Ok(())
     })
@@ -459,19 +462,25 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
     c.server_mut(0).kill();
     let survivor = &c.servers()[1];
     wait_for("a write after the loss", T, || async {
-        ok(survivor
-            .kubectl(&["create", "configmap", "after-loss", "--from-literal=b=2"])
-            .await?)
+        succeeded(
+            survivor
+                .kubectl(&["create", "configmap", "after-loss", "--from-literal=b=2"])
+                .await?,
+        )
         .map(|_| ())
     })
     .await?;
-    let b = ok(c.servers()[2]
-        .kubectl(&["get", "configmap", "after-loss", "-o", "jsonpath={.data.b}"])
-        .await?)?;
+    let b = succeeded(
+        c.servers()[2]
+            .kubectl(&["get", "configmap", "after-loss", "-o", "jsonpath={.data.b}"])
+            .await?,
+    )?;
     ensure!(b == "2", "{b:?}");
-    let ready = ok(c.servers()[2]
-        .kubectl(&["get", "--raw", "/readyz?verbose"])
-        .await?)?;
+    let ready = succeeded(
+        c.servers()[2]
+            .kubectl(&["get", "--raw", "/readyz?verbose"])
+            .await?,
+    )?;
     ensure!(ready.contains("[+]etcd ok"), "{ready}");
 
     // Two of three lost (one frozen): no quorum, writes fail with a 5xx
@@ -504,23 +513,20 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         String::from_utf8_lossy(&readyz.stdout)
     );
     wait_for("writes after the member returns", T, || async {
-        ok(survivor
-            .kubectl(&["create", "configmap", "quorum-back"])
-            .await?)
+        succeeded(
+            survivor
+                .kubectl(&["create", "configmap", "quorum-back"])
+                .await?,
+        )
         .map(|_| ())
     })
     .await?;
     for name in ["ha", "after-loss"] {
-        ok(c.servers()[2].kubectl(&["get", "configmap", name]).await?)?;
+        succeeded(c.servers()[2].kubectl(&["get", "configmap", name]).await?)?;
     }
 
     // The cluster shrinks: the lost member is removed.
-    let out = c.servers()[1].cli(&["etcd", "remove", "s0"]).await?;
-    ensure!(
-        out.status.success(),
-        "etcd remove: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(c.servers()[1].cli(&["etcd", "remove", "s0"]).await?).context("etcd remove")?;
     let members = etcd_members(&etcd_status(&c.servers()[2]).await?);
     let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
     ensure!(
@@ -532,16 +538,20 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
     // leaves again.
     let (url, token) = (c.servers()[1].url(), c.token().to_string());
     c.add(&["--server", &url, "--token", &token]).await?;
-    ok(c.servers()[3]
-        .kubectl(&["get", "configmap", "quorum-back"])
-        .await?)?;
+    succeeded(
+        c.servers()[3]
+            .kubectl(&["get", "configmap", "quorum-back"])
+            .await?,
+    )?;
     c.server_mut(3).kill();
-    ok(c.servers()[1].cli(&["etcd", "remove", "s3"]).await?)?;
+    succeeded(c.servers()[1].cli(&["etcd", "remove", "s3"]).await?)?;
     let members = etcd_members(&etcd_status(&c.servers()[1]).await?);
     ensure!(members.len() == 2, "members: {members:?}");
-    ok(c.servers()[2]
-        .kubectl(&["create", "configmap", "after-leave"])
-        .await?)?;
+    succeeded(
+        c.servers()[2]
+            .kubectl(&["create", "configmap", "after-leave"])
+            .await?,
+    )?;
     Ok(())
 }
 
@@ -552,41 +562,37 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
 async fn a_managed_cluster_is_reset_from_a_snapshot() -> Result<()> {
     let mut c = skiff_tests::ha::HaCluster::start(2).await?;
     let result = reset_scenario(&mut c).await;
-    if result.is_err() {
-        eprintln!("{}", c.diagnostics());
-    }
-    result
+    c.report(result)
 }
 
 async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
-    let ok = |out: std::process::Output| -> Result<String> {
-        ensure!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    ok(c.servers()[1]
-        .kubectl(&["create", "configmap", "kept", "--from-literal=a=1"])
-        .await?)?;
-    let rv = ok(c.servers()[0]
-        .kubectl(&[
-            "get",
-            "configmap",
-            "kept",
-            "-o",
-            "jsonpath={.metadata.resourceVersion}",
-        ])
-        .await?)?;
+    succeeded(
+        c.servers()[1]
+            .kubectl(&["create", "configmap", "kept", "--from-literal=a=1"])
+            .await?,
+    )?;
+    let rv = succeeded(
+        c.servers()[0]
+            .kubectl(&[
+                "get",
+                "configmap",
+                "kept",
+                "-o",
+                "jsonpath={.metadata.resourceVersion}",
+            ])
+            .await?,
+    )?;
     let snapshot = c.dir().join("drill.db");
-    ok(c.servers()[0]
-        .cli(&["snapshot", "save", &snapshot.to_string_lossy()])
-        .await?)?;
-    ok(c.servers()[1]
-        .kubectl(&["create", "configmap", "after-snapshot"])
-        .await?)?;
+    succeeded(
+        c.servers()[0]
+            .cli(&["snapshot", "save", &snapshot.to_string_lossy()])
+            .await?,
+    )?;
+    succeeded(
+        c.servers()[1]
+            .kubectl(&["create", "configmap", "after-snapshot"])
+            .await?,
+    )?;
 
     // Both machines lose their etcd data (their PKI stays).
     for i in 0..2 {
@@ -596,29 +602,32 @@ async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
     }
     let s0 = &c.servers()[0];
     let bind = format!("--bind-address={}", s0.ns.ip);
-    let out = ok(s0
-        .cli(&[
+    let out = succeeded(
+        s0.cli(&[
             &bind,
             "--cluster-reset",
             "--cluster-reset-restore-path",
             &snapshot.to_string_lossy(),
         ])
-        .await?)?;
+        .await?,
+    )?;
     ensure!(out.contains("reset to one member, s0"), "{out}");
     c.restart(0, &[]).await?;
     let url = c.servers()[0].url();
     let token = c.token().to_string();
     c.restart(1, &["--server", &url, "--token", &token]).await?;
 
-    let back = ok(c.servers()[1]
-        .kubectl(&[
-            "get",
-            "configmap",
-            "kept",
-            "-o",
-            "jsonpath={.metadata.resourceVersion}",
-        ])
-        .await?)?;
+    let back = succeeded(
+        c.servers()[1]
+            .kubectl(&[
+                "get",
+                "configmap",
+                "kept",
+                "-o",
+                "jsonpath={.metadata.resourceVersion}",
+            ])
+            .await?,
+    )?;
     ensure!(back == rv, "resourceVersion {back:?}, was {rv:?}");
     let gone = c.servers()[1]
         .kubectl(&["get", "configmap", "after-snapshot"])
@@ -633,26 +642,12 @@ async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         names == BTreeSet::from(["s0", "s1"]),
         "members: {members:?}"
     );
-    ok(c.servers()[1]
-        .kubectl(&["create", "configmap", "after-reset"])
-        .await?)?;
+    succeeded(
+        c.servers()[1]
+            .kubectl(&["create", "configmap", "after-reset"])
+            .await?,
+    )?;
     Ok(())
-}
-
-/// The server index in a Lease holder identity (`sN_UUID`).
-async fn lease_holder(client: &kube::Client, lease: &str) -> Result<usize> {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), "kube-system");
-    let who = leases
-        .get(lease)
-        .await?
-        .spec
-        .and_then(|s| s.holder_identity)
-        .unwrap_or_default();
-    who.strip_prefix('s')
-        .and_then(|rest| rest.split('_').next())
-        .and_then(|n| n.parse().ok())
-        .with_context(|| format!("{lease} held by {who:?}"))
 }
 
 /// Three servers on managed etcd and two nodes whose agents talk to the
@@ -664,25 +659,13 @@ async fn lease_holder(client: &kube::Client, lease: &str) -> Result<usize> {
 async fn a_deployment_outlives_the_leading_server() -> Result<()> {
     let mut c = skiff_tests::ha::HaCluster::start(3).await?;
     let result = leader_loss_scenario(&mut c).await;
-    if result.is_err() {
-        eprintln!("{}", c.diagnostics());
-        for a in c.agents() {
-            let log = a.log();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            eprintln!(
-                "--- {} ---\n{}",
-                a.name,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-    }
-    result
+    c.report(result)
 }
 
 async fn leader_loss_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
     let first = skiff_tests::cluster::client_from(&c.servers()[0].admin_kubeconfig()).await?;
     let leader = wait_for("a scheduler leader", T, || {
-        lease_holder(&first, "kube-scheduler")
+        skiff_tests::ha::lease_holder(&first, "kube-scheduler")
     })
     .await?;
     c.add_agent(leader).await?;
@@ -697,15 +680,7 @@ async fn leader_loss_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> 
             .replace("IMAGE", TOOLBOX_IMAGE)
             .replace("replicas: 2", "replicas: 4"),
     )?;
-    let kubectl_ok = |out: std::process::Output| -> Result<()> {
-        ensure!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
-    };
-    kubectl_ok(
+    succeeded(
         c.servers()[leader]
             .kubectl(&["apply", "-f", &manifest.to_string_lossy()])
             .await?,
@@ -727,12 +702,12 @@ async fn leader_loss_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> 
     c.server_mut(leader).kill();
     let killed = jiff::Timestamp::now();
     wait_for("a new scheduler leader", T, || async {
-        let now = lease_holder(&client, "kube-scheduler").await?;
+        let now = skiff_tests::ha::lease_holder(&client, "kube-scheduler").await?;
         ensure!(now != leader, "still s{leader}");
         Ok(())
     })
     .await?;
-    kubectl_ok(
+    succeeded(
         c.servers()[survivor]
             .kubectl(&["scale", "deployment", "web", "--replicas=6"])
             .await?,

@@ -21,13 +21,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use futures::{stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use skiff_tests::bench::arg;
 use skiff_tests::cluster::client_from;
-use skiff_tests::ha::HaCluster;
+use skiff_tests::ha::{lease_holder, HaCluster};
 use skiff_tests::TOOLBOX_IMAGE;
 
 const SERVERS: usize = 3;
@@ -40,10 +39,7 @@ async fn main() -> Result<()> {
     let kills = arg("--kills", 5);
     let mut cluster = HaCluster::start(SERVERS).await?;
     let result = run(&mut cluster, creates, concurrency, rounds, kills).await;
-    if result.is_err() {
-        eprintln!("{}", cluster.diagnostics());
-    }
-    let (one, spread, failovers) = result?;
+    let (one, spread, failovers) = cluster.report(result)?;
     let (one_rate, spread_rate) = (mean(&one), mean(&spread));
     let ratio = spread_rate / one_rate;
     let mut sorted = failovers.clone();
@@ -138,28 +134,13 @@ async fn create_round(
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-/// The index of the server holding the Lease `lease`, asked of `client`
-/// (identities are `sN_UUID`).
-async fn holder(client: &kube::Client, lease: &str) -> Result<Option<usize>> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
-    let lease = leases.get(lease).await?;
-    let who = lease
-        .spec
-        .and_then(|s| s.holder_identity)
-        .unwrap_or_default();
-    Ok(who
-        .strip_prefix('s')
-        .and_then(|rest| rest.split('_').next())
-        .and_then(|n| n.parse().ok()))
-}
-
 /// Kill the scheduler's leader and create a pod through another server:
 /// the time until the pod is bound. The killed server is started again
 /// (and waited for) afterwards.
 async fn failover(c: &mut HaCluster, clients: &[kube::Client], k: usize) -> Result<Duration> {
     let mut leader = None;
     for client in clients {
-        if let Ok(Some(l)) = holder(client, "kube-scheduler").await {
+        if let Ok(l) = lease_holder(client, "kube-scheduler").await {
             leader = Some(l);
             break;
         }
