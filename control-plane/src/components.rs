@@ -54,9 +54,15 @@ impl Components {
     }
 }
 
-/// A client for `user`, signed by the cluster CA, talking to `url`.
-async fn client(pki: &Pki, url: &str, user: &'static str) -> Result<kube::Client, Error> {
-    let text = pki.kubeconfig(url, user, &[])?;
+/// A client for `user` in `groups`, signed by the cluster CA, talking
+/// to `url`.
+async fn client(
+    pki: &Pki,
+    url: &str,
+    user: &'static str,
+    groups: &[String],
+) -> Result<kube::Client, Error> {
+    let text = pki.kubeconfig(url, user, groups)?;
     let kc = kube::config::Kubeconfig::from_yaml(&text)
         .map_err(|source| Error::Kubeconfig { user, source })?;
     let mut cfg =
@@ -123,7 +129,7 @@ pub async fn start(
             Err("not running here (--disable-scheduler)".into()),
         );
     } else {
-        let c = client(&pki, url, "system:kube-scheduler").await?;
+        let c = client(&pki, url, "system:kube-scheduler", &[]).await?;
         let config = cfg.scheduler.clone();
         let work = {
             let c = c.clone();
@@ -146,7 +152,7 @@ pub async fn start(
             Err("not running here (--disable-controller-manager)".into()),
         );
     } else {
-        let c = client(&pki, url, "system:kube-controller-manager").await?;
+        let c = client(&pki, url, "system:kube-controller-manager", &[]).await?;
         let controllers = skiff_controllers::Config {
             controllers: cfg.controllers.clone(),
             cluster_cidr: Some(cfg.cluster_cidr.clone()),
@@ -176,6 +182,21 @@ pub async fn start(
                 stop.subscribe(),
                 work,
             ),
+        ));
+    }
+    if let (Some(m), Some(tls)) = (&cfg.managed_etcd, &cfg.datastore_tls) {
+        // The server itself, not a controller: it runs on every server,
+        // with no Lease, and may remove etcd members.
+        let c = client(&pki, url, "system:skiff-server", &["system:masters".into()]).await?;
+        let etcd = crate::store::managed::nodes::Etcd {
+            endpoints: cfg.datastore_endpoints.clone(),
+            tls: tls.clone(),
+        };
+        tasks.spawn(crate::store::managed::nodes::run(
+            c,
+            m.name.clone(),
+            etcd,
+            stop.subscribe(),
         ));
     }
     Ok(Components { stop, tasks })

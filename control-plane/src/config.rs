@@ -56,6 +56,9 @@ pub struct Settings {
     pub cluster_reset: Option<bool>,
     /// The snapshot the reset starts from.
     pub cluster_reset_restore_path: Option<PathBuf>,
+    /// The cluster secret (`DATA_DIR/pki/cluster-secret` of a server of
+    /// the cluster): the key to the cluster's keys kept in etcd.
+    pub cluster_secret_file: Option<PathBuf>,
     pub service_cluster_ip_range: Option<String>,
     pub cluster_cidr: Option<String>,
     pub token_auth_file: Option<PathBuf>,
@@ -165,6 +168,7 @@ impl Settings {
             cluster_reset_restore_path: self
                 .cluster_reset_restore_path
                 .or(other.cluster_reset_restore_path),
+            cluster_secret_file: self.cluster_secret_file.or(other.cluster_secret_file),
             service_cluster_ip_range: self
                 .service_cluster_ip_range
                 .or(other.service_cluster_ip_range),
@@ -275,6 +279,10 @@ pub struct ManagedEtcd {
     /// Join through this server the first time (no member in the data
     /// directory yet); None: start the cluster.
     pub join: Option<Join>,
+    /// `--cluster-secret-file`: the cluster secret to use rather than a
+    /// new one (`--cluster-init`), or to open the keys a snapshot holds
+    /// (`--cluster-reset`).
+    pub secret_file: Option<PathBuf>,
 }
 
 /// `--server` and `--token`.
@@ -655,6 +663,13 @@ fn managed_etcd(s: &Settings, data_dir: &Path, name: &str) -> Result<Option<Mana
     let existing = crate::store::managed::Layout::new(data_dir, ETCD_CLIENT_PORT).has_member();
     let reset = s.cluster_reset.unwrap_or(false);
     if !(init || server.is_some() || existing || reset) {
+        if let Some(file) = &s.cluster_secret_file {
+            return Err(invalid(
+                "cluster-secret-file",
+                &file.display().to_string(),
+                "a cluster secret is for servers on managed etcd (--cluster-init, --cluster-reset)",
+            ));
+        }
         return Ok(None);
     }
     if let Some(e) = &s.datastore_endpoint {
@@ -673,6 +688,15 @@ fn managed_etcd(s: &Settings, data_dir: &Path, name: &str) -> Result<Option<Mana
             Some(Join { server: url, token })
         }
     };
+    if let (Some(file), Some(_)) = (&s.cluster_secret_file, &join) {
+        if !existing {
+            return Err(invalid(
+                "cluster-secret-file",
+                &file.display().to_string(),
+                "a joining server takes the cluster secret from the server it joins",
+            ));
+        }
+    }
     if name.is_empty() {
         return Err(invalid(
             "node-name",
@@ -685,6 +709,7 @@ fn managed_etcd(s: &Settings, data_dir: &Path, name: &str) -> Result<Option<Mana
         client_port: ETCD_CLIENT_PORT,
         peer_port: ETCD_PEER_PORT,
         join,
+        secret_file: s.cluster_secret_file.clone(),
     }))
 }
 
@@ -762,6 +787,18 @@ mod tests {
             ..base()
         })
         .contains("go together"));
+        assert!(refused(Settings {
+            cluster_secret_file: Some("/secret".into()),
+            ..base()
+        })
+        .contains("servers on managed etcd"));
+        assert!(refused(Settings {
+            server: Some("https://h:6443".into()),
+            token: Some("K10x::a.b".into()),
+            cluster_secret_file: Some("/secret".into()),
+            ..base()
+        })
+        .contains("takes the cluster secret from the server it joins"));
         // A restart needs no flag: the member in the data dir says it.
         std::fs::create_dir_all(dir.path().join("etcd/member")).unwrap();
         assert!(Config::resolve(base(), None)

@@ -346,8 +346,11 @@ impl HaCluster {
             format!("--service-cluster-ip-range={SERVICE_RANGE}"),
             format!("--cluster-cidr={}", block_cidr(self.pod_block)),
             "--node-cidr-mask-size=24".into(),
-            "--etcd-disable-snapshots".into(),
         ];
+        // Scheduled snapshots only where a test asks for them.
+        if !args.iter().any(|a| a.starts_with("--etcd-snapshot")) {
+            flags.push("--etcd-disable-snapshots".into());
+        }
         flags.extend(args.iter().map(|a| a.to_string()));
         Process::new(
             "skiff-server",

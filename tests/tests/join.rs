@@ -391,7 +391,8 @@ async fn etcd_status(s: &skiff_tests::ha::HaServer) -> Result<String> {
 /// whose token pins another CA is refused before anything is sent; the
 /// loss of one machine leaves the others writing; without a quorum
 /// writes fail and readyz says so, until a member returns; the lost
-/// member is removed, and a fourth server joins and leaves.
+/// member is removed, and a fourth server joins and leaves (its Node
+/// deleted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_join_on_managed_etcd_and_survive_a_loss() -> Result<()> {
     let mut c = skiff_tests::ha::HaCluster::start(3).await?;
@@ -543,10 +544,46 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
             .kubectl(&["get", "configmap", "quorum-back"])
             .await?,
     )?;
-    c.server_mut(3).kill();
-    succeeded(c.servers()[1].cli(&["etcd", "remove", "s3"]).await?)?;
+    // Its machine also runs an agent under its name: that Node is marked
+    // as a control-plane node, and deleting it removes the member.
+    let node = c.dir().join("s3-node.yaml");
+    std::fs::write(&node, "apiVersion: v1\nkind: Node\nmetadata:\n  name: s3\n")?;
+    succeeded(
+        c.servers()[1]
+            .kubectl(&["create", "-f", &node.to_string_lossy()])
+            .await?,
+    )?;
+    wait_for("s3's Node marked as control plane", T, || async {
+        let marked = succeeded(
+            c.servers()[2]
+                .kubectl(&[
+                    "get",
+                    "node",
+                    "s3",
+                    "-o",
+                    "jsonpath={.metadata.labels.node-role\\.kubernetes\\.io/etcd} {.metadata.finalizers}",
+                ])
+                .await?,
+        )?;
+        ensure!(marked.contains("true") && marked.contains("etcd.skiff.dev/member"), "{marked}");
+        Ok(())
+    })
+    .await?;
+    let roles = succeeded(
+        c.servers()[1]
+            .kubectl(&["get", "node", "s3", "--no-headers"])
+            .await?,
+    )?;
+    ensure!(roles.contains("control-plane,etcd"), "{roles}");
+    succeeded(
+        c.servers()[1]
+            .kubectl(&["delete", "node", "s3", "--timeout=60s"])
+            .await?,
+    )
+    .context("deleting the fourth server's Node")?;
     let members = etcd_members(&etcd_status(&c.servers()[1]).await?);
     ensure!(members.len() == 2, "members: {members:?}");
+    c.server_mut(3).kill();
     succeeded(
         c.servers()[2]
             .kubectl(&["create", "configmap", "after-leave"])
@@ -555,17 +592,63 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
     Ok(())
 }
 
-/// The documented drill: a snapshot of the HA cluster, the etcd data of
-/// every server lost, one server reset from the snapshot, the other
-/// rejoining: every object back at its resourceVersion.
+/// The documented drill: a scheduled snapshot of a three-server cluster,
+/// every server's data directory destroyed, one server reset from the
+/// snapshot (its keys opened with the kept cluster secret), the others
+/// joining anew: every object back at its resourceVersion, under the
+/// cluster's own CA and keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_managed_cluster_is_reset_from_a_snapshot() -> Result<()> {
-    let mut c = skiff_tests::ha::HaCluster::start(2).await?;
-    let result = reset_scenario(&mut c).await;
+async fn a_managed_cluster_is_restored_from_a_scheduled_snapshot() -> Result<()> {
+    let mut c = skiff_tests::ha::HaCluster::start(3).await?;
+    let result = restore_scenario(&mut c).await;
     c.report(result)
 }
 
-async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
+/// The newest scheduled snapshot in `dir`, if taken at `revision` or
+/// later, copied to `keep` (the schedule's retention prunes its files).
+async fn keep_snapshot_at(
+    s: &skiff_tests::ha::HaServer,
+    dir: &Path,
+    revision: i64,
+    keep: &Path,
+) -> Result<()> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("etcd-snapshot-") && !n.contains(".part"))
+        .collect();
+    names.sort();
+    let newest = names.pop().context("no snapshot yet")?;
+    let file = dir.join(&newest);
+    let status = succeeded(
+        s.cli(&["snapshot", "status", &file.to_string_lossy()])
+            .await?,
+    )?;
+    let taken: i64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("revision: "))
+        .context("no revision")?
+        .trim()
+        .parse()?;
+    ensure!(
+        taken >= revision,
+        "{newest} is at revision {taken}, before {revision}"
+    );
+    std::fs::copy(&file, keep)?;
+    Ok(())
+}
+
+async fn restore_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
+    // The operator's backups: snapshots on a disk of their own, and the
+    // cluster secret.
+    let backups = c.dir().join("backups");
+    std::fs::create_dir_all(&backups)?;
+    let secret = backups.join("cluster-secret");
+    std::fs::copy(c.servers()[0].data_dir.join("pki/cluster-secret"), &secret)?;
+    let ca = std::fs::read_to_string(c.servers()[0].data_dir.join("pki/ca.crt"))?;
+    let schedule = "--etcd-snapshot-schedule-cron=*/2 * * * * *".to_string();
+    let dir_flag = format!("--etcd-snapshot-dir={}", backups.display());
+    c.restart(1, &[&schedule, &dir_flag]).await?;
+
     succeeded(
         c.servers()[1]
             .kubectl(&["create", "configmap", "kept", "--from-literal=a=1"])
@@ -582,43 +665,63 @@ async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
             ])
             .await?,
     )?;
-    let snapshot = c.dir().join("drill.db");
-    succeeded(
-        c.servers()[0]
-            .cli(&["snapshot", "save", &snapshot.to_string_lossy()])
-            .await?,
-    )?;
+    let revision: i64 = rv.parse()?;
+    let snapshot = backups.join("drill.db");
+    wait_for("a scheduled snapshot with the ConfigMap", T, || {
+        keep_snapshot_at(&c.servers()[1], &backups, revision, &snapshot)
+    })
+    .await?;
     succeeded(
         c.servers()[1]
             .kubectl(&["create", "configmap", "after-snapshot"])
             .await?,
     )?;
 
-    // Both machines lose their etcd data (their PKI stays).
-    for i in 0..2 {
+    // Every machine loses its data directory.
+    for i in 0..3 {
         c.server_mut(i).kill();
-        let etcd = c.servers()[i].data_dir.join("etcd");
-        std::fs::remove_dir_all(&etcd).with_context(|| format!("removing {}", etcd.display()))?;
+        let dir = c.servers()[i].data_dir.clone();
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     let s0 = &c.servers()[0];
     let bind = format!("--bind-address={}", s0.ns.ip);
+    let reset = [
+        bind.as_str(),
+        "--cluster-reset",
+        "--cluster-reset-restore-path",
+        &snapshot.to_string_lossy(),
+    ];
+    // Without the cluster secret the keys stay sealed: refused, nothing
+    // restored.
+    let refused = s0.cli(&reset).await?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        !refused.status.success() && stderr.contains("--cluster-secret-file"),
+        "{stderr}"
+    );
+    ensure!(
+        !s0.data_dir.join("etcd").exists(),
+        "a refused reset restored the snapshot"
+    );
+    let secret_flag = format!("--cluster-secret-file={}", secret.display());
     let out = succeeded(
-        s0.cli(&[
-            &bind,
-            "--cluster-reset",
-            "--cluster-reset-restore-path",
-            &snapshot.to_string_lossy(),
-        ])
-        .await?,
+        s0.cli(&[&reset[..], &[secret_flag.as_str()]].concat())
+            .await?,
     )?;
     ensure!(out.contains("reset to one member, s0"), "{out}");
+    ensure!(
+        std::fs::read_to_string(s0.data_dir.join("pki/ca.crt"))? == ca,
+        "the restored server made a CA of its own"
+    );
     c.restart(0, &[]).await?;
     let url = c.servers()[0].url();
     let token = c.token().to_string();
-    c.restart(1, &["--server", &url, "--token", &token]).await?;
+    for i in 1..3 {
+        c.restart(i, &["--server", &url, "--token", &token]).await?;
+    }
 
     let back = succeeded(
-        c.servers()[1]
+        c.servers()[2]
             .kubectl(&[
                 "get",
                 "configmap",
@@ -639,12 +742,19 @@ async fn reset_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
     let members = etcd_members(&etcd_status(&c.servers()[1]).await?);
     let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
     ensure!(
-        names == BTreeSet::from(["s0", "s1"]),
+        names == BTreeSet::from(["s0", "s1", "s2"]),
         "members: {members:?}"
     );
+    for s in c.servers() {
+        ensure!(
+            std::fs::read_to_string(s.data_dir.join("pki/ca.crt"))? == ca,
+            "{} serves under another CA",
+            s.name
+        );
+    }
     succeeded(
-        c.servers()[1]
-            .kubectl(&["create", "configmap", "after-reset"])
+        c.servers()[2]
+            .kubectl(&["create", "configmap", "after-restore"])
             .await?,
     )?;
     Ok(())

@@ -100,6 +100,11 @@ struct ServeArgs {
     /// --etcd-snapshot-dir).
     #[arg(long)]
     cluster_reset_restore_path: Option<PathBuf>,
+    /// The cluster secret (a copy of DATA_DIR/pki/cluster-secret): with
+    /// --cluster-init instead of a new one; with --cluster-reset to take
+    /// the cluster's keys from the snapshot into an empty data directory.
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
     /// ClusterIP range [default: 10.43.0.0/16].
     #[arg(long)]
     service_cluster_ip_range: Option<String>,
@@ -296,6 +301,7 @@ impl ServeArgs {
             node_name: self.node_name.clone(),
             cluster_reset: self.cluster_reset.then_some(true),
             cluster_reset_restore_path: self.cluster_reset_restore_path.clone(),
+            cluster_secret_file: self.cluster_secret_file.clone(),
             service_cluster_ip_range: self.service_cluster_ip_range.clone(),
             cluster_cidr: self.cluster_cidr.clone(),
             token_auth_file: self.token_auth_file.clone(),
@@ -759,9 +765,16 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let st = server::open_store(&cfg)
         .await
         .context("opening the datastore")?;
-    let handle = server::start(&cfg, st)
+    let handle = server::start(&cfg, st.clone())
         .await
         .context("starting skiff-server")?;
+    if member.is_some() {
+        // Every key exists once the server started (it makes the
+        // front-proxy CA and the ServiceAccount key).
+        store::managed::bootstrap::publish(&cfg, st.as_ref())
+            .await
+            .context("keeping the cluster's keys in etcd")?;
+    }
     let components = components::start(
         &cfg,
         &cfg.data_dir,

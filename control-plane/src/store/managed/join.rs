@@ -2,8 +2,8 @@
 //! the joiner pins the first server's CA with the token's hash (nothing
 //! secret goes out before), then asks it, with the token, to add its etcd
 //! member. The answer is what every server of the cluster shares: the
-//! cluster CA, the front-proxy CA, the ServiceAccount signing key and the
-//! etcd CA, and etcd's `--initial-cluster` for the new member.
+//! cluster CA, the front-proxy CA, the ServiceAccount signing key, the
+//! etcd CA and the cluster secret, and etcd's `--initial-cluster` for the new member.
 //!
 //! Asking is `POST /skiff/v1/servers`, a non-resource URL (verb `post`) that RBAC
 //! allows to `system:masters` and to bootstrap tokens in
@@ -34,7 +34,7 @@ pub const SERVERS_GROUP: &str = "system:bootstrappers:skiff:servers";
 /// The files every server shares, by their name under `DATA_DIR/pki`
 /// (the ServiceAccount key goes where `--service-account-signing-key-file`
 /// says).
-const SHARED: [&str; 7] = [
+pub(super) const SHARED: [&str; 8] = [
     "ca.crt",
     "ca.key",
     "front-proxy-ca.crt",
@@ -42,6 +42,7 @@ const SHARED: [&str; 7] = [
     "etcd-ca.crt",
     "etcd-ca.key",
     SERVICE_ACCOUNT_KEY,
+    super::bootstrap::SECRET_FILE,
 ];
 const SERVICE_ACCOUNT_KEY: &str = "service-account.key";
 
@@ -81,6 +82,50 @@ fn shared_path(data_dir: &Path, service_account_key: &Path, name: &str) -> PathB
     }
 }
 
+/// Every [`SHARED`] file by name.
+///
+/// # Errors
+/// One cannot be read.
+pub(super) fn read_shared(
+    data_dir: &Path,
+    service_account_key: &Path,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut files = BTreeMap::new();
+    for name in SHARED {
+        let path = shared_path(data_dir, service_account_key, name);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        files.insert(name.to_string(), text);
+    }
+    Ok(files)
+}
+
+/// Write the [`SHARED`] files of `files` where this server keeps them;
+/// every one but `except` must be there.
+///
+/// # Errors
+/// One is missing (the message names it), or cannot be written.
+pub(super) fn write_shared(
+    cfg: &Config,
+    files: &BTreeMap<String, String>,
+    except: Option<&str>,
+) -> Result<(), Error> {
+    let sa_key = &cfg.service_accounts.signing_key_file;
+    for name in SHARED.into_iter().filter(|n| Some(*n) != except) {
+        let text = files
+            .get(name)
+            .ok_or_else(|| Error::Io(format!("{name} is missing")))?;
+        let path = shared_path(&cfg.data_dir, sa_key, name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
+        }
+        let secret = name.ends_with(".key") || name == super::bootstrap::SECRET_FILE;
+        pki::write_file(&path, text, secret)?;
+    }
+    Ok(())
+}
+
 /// The first server's side: add the member `req` asks for and bundle
 /// what it needs.
 ///
@@ -93,13 +138,7 @@ pub async fn admit(source: &Source, req: &Request) -> Result<Bundle, String> {
             req.name, req.peer_url
         ));
     }
-    let mut files = BTreeMap::new();
-    for name in SHARED {
-        let path = shared_path(&source.data_dir, &source.service_account_key, name);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        files.insert(name.to_string(), text);
-    }
+    let files = read_shared(&source.data_dir, &source.service_account_key)?;
     let initial_cluster = crate::store::etcd_members::add(
         &source.endpoints,
         Some(&source.tls),
@@ -177,19 +216,10 @@ pub async fn join(
     };
     let bundle: Bundle =
         serde_json::from_slice(&body).map_err(|e| fail(format!("unexpected answer: {e}")))?;
-    let sa_key = &cfg.service_accounts.signing_key_file;
-    for name in SHARED {
-        let text = bundle
-            .files
-            .get(name)
-            .ok_or_else(|| fail(format!("the answer lacks {name}")))?;
-        let path = shared_path(&cfg.data_dir, sa_key, name);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| Error::Io(format!("creating {}: {e}", dir.display())))?;
-        }
-        pki::write_file(&path, text, name.ends_with(".key"))?;
+    if let Some(name) = SHARED.iter().find(|n| !bundle.files.contains_key(**n)) {
+        return Err(fail(format!("the answer lacks {name}")));
     }
+    write_shared(cfg, &bundle.files, None)?;
     tracing::info!(server = %server, "joined: the cluster's CAs and keys written");
     Ok(bundle.initial_cluster)
 }

@@ -8,15 +8,22 @@
 //! - [`join`]: a server joining: what the first server hands out, and
 //!   the joiner's side (CA pinned by the token, member added, PKI
 //!   copied).
+//! - [`bootstrap`]: the cluster's keys kept in etcd, sealed with the
+//!   cluster secret, so that a snapshot brings back a cluster whose
+//!   data directories are all gone.
+//! - [`nodes`]: the Node of a server (an agent beside it under the same
+//!   name) marked as control plane; deleting it removes the member.
 //!
 //! Files: `DATA_DIR/etcd/` (the member's data), `DATA_DIR/etcd.log`,
 //! `DATA_DIR/pki/etcd-ca.{crt,key}` (shared by the cluster's servers) and
 //! `DATA_DIR/pki/etcd-member.{crt,key}` (this member's, for peers,
 //! clients and as this server's client certificate; issued anew at every
-//! start).
+//! start), `DATA_DIR/pki/cluster-secret`.
 
+pub mod bootstrap;
 pub mod join;
 pub mod member;
+pub mod nodes;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -116,7 +123,10 @@ pub async fn start(cfg: &Config, m: &ManagedEtcd) -> Result<Member, Error> {
             let cluster = join::join(cfg, m, j, &peer_url).await?;
             (cluster, "existing")
         }
-        _ => (format!("{}={peer_url}", m.name), "new"),
+        _ => {
+            bootstrap::ensure_secret(&cfg.data_dir, m.secret_file.as_deref())?;
+            (format!("{}={peer_url}", m.name), "new")
+        }
     };
     launch(
         cfg,
@@ -166,15 +176,35 @@ async fn launch(
 /// `--cluster-reset` (k3s's): make this server's member the only one of
 /// a new cluster, from its own data or from the snapshot `restore` (the
 /// member's data, if any, is kept aside as `DATA_DIR/etcd-old-SECONDS`),
-/// then stop it. Returns what the operator does next.
+/// then stop it. A data directory without the cluster CA takes the
+/// cluster's keys from the snapshot, opened with the cluster secret.
+/// Returns what the operator does next.
 ///
 /// # Errors
 /// Nothing to reset from, a snapshot that is not etcd's or does not
-/// restore, or a member that does not come up.
+/// restore, keys that cannot be taken, or a member that does not come up.
 pub async fn reset(cfg: &Config, m: &ManagedEtcd, restore: Option<&Path>) -> Result<String, Error> {
     let layout = Layout::new(&cfg.data_dir, m.client_port);
     let advertise = crate::server::advertise_ip(cfg);
     let peer_url = url(advertise, m.peer_port);
+    let keys_from_snapshot = !cfg.data_dir.join("pki").join("ca.crt").exists();
+    if keys_from_snapshot {
+        if restore.is_none() {
+            return Err(Error::Io(format!(
+                "{} holds no cluster CA: a reset without a snapshot needs the server's own data",
+                cfg.data_dir.join("pki").display()
+            )));
+        }
+        if m.secret_file.is_none() && !bootstrap::secret_path(&cfg.data_dir).exists() {
+            return Err(Error::Io(format!(
+                "{} holds no cluster CA: the snapshot's keys open with the cluster secret; pass --cluster-secret-file (a copy of DATA_DIR/pki/cluster-secret of a server of the cluster)",
+                cfg.data_dir.join("pki").display()
+            )));
+        }
+    }
+    if restore.is_some() {
+        bootstrap::ensure_secret(&cfg.data_dir, m.secret_file.as_deref())?;
+    }
     match restore {
         Some(file) => {
             let format = crate::store::snapshot::snapshot_format(file)
@@ -231,12 +261,31 @@ pub async fn reset(cfg: &Config, m: &ManagedEtcd, restore: Option<&Path>) -> Res
         },
     )
     .await?;
+    if keys_from_snapshot {
+        let taken = take_keys(cfg, &layout).await;
+        if let Err(e) = taken {
+            member.stop().await;
+            return Err(e);
+        }
+    }
     member.stop().await;
     Ok(format!(
-        "the managed etcd cluster is reset to one member, {}: start skiff-server again without --cluster-reset.          On every other server, move {} aside and start it again with --server and --token: it joins anew.",
+        "the managed etcd cluster is reset to one member, {}: start skiff-server again without --cluster-reset.\nOn every other server, move {} aside and start it again with --server and --token: it joins anew.",
         m.name,
         layout.etcd_dir.display()
     ))
+}
+
+/// The cluster's keys from the member just restored (it runs with a
+/// temporary etcd CA, which the snapshot's replaces).
+async fn take_keys(cfg: &Config, layout: &Layout) -> Result<(), Error> {
+    let store = crate::store::etcd::EtcdStore::connect_tls(
+        &[layout.local_client_url()],
+        Some(&layout.tls()),
+    )
+    .await
+    .map_err(|e| Error::Io(e.to_string()))?;
+    bootstrap::recover(cfg, &store).await
 }
 
 /// Until the member answers a status request over TLS.
