@@ -184,14 +184,10 @@ pub async fn start(
             ),
         ));
     }
-    if let (Some(m), Some(tls)) = (&cfg.managed_etcd, &cfg.datastore_tls) {
+    if let (Some(m), Some(etcd)) = (&cfg.managed_etcd, crate::store::managed::Etcd::of(cfg)) {
         // The server itself, not a controller: it runs on every server,
         // with no Lease, and may remove etcd members.
         let c = client(&pki, url, "system:skiff-server", &["system:masters".into()]).await?;
-        let etcd = crate::store::managed::nodes::Etcd {
-            endpoints: cfg.datastore_endpoints.clone(),
-            tls: tls.clone(),
-        };
         tasks.spawn(crate::store::managed::nodes::run(
             c,
             m.name.clone(),

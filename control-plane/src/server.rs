@@ -272,12 +272,11 @@ pub async fn start(cfg: &Config, store: Arc<dyn Store>) -> Result<ServerHandle, 
     api.set_kubelet_client(&pki.kubelet_client_cert()?)
         .map_err(|e| Error::Tls(format!("kubelet client certificate: {e}")))?;
     api.set_cluster_ca(pki.ca_pem());
-    if let (Some(_), Some(tls)) = (&cfg.managed_etcd, &cfg.datastore_tls) {
+    if let Some(etcd) = store::managed::Etcd::of(cfg) {
         api.set_server_join(store::managed::join::Source {
             data_dir: cfg.data_dir.clone(),
             service_account_key: cfg.service_accounts.signing_key_file.clone(),
-            endpoints: cfg.datastore_endpoints.clone(),
-            tls: tls.clone(),
+            etcd,
         });
     }
     let front_proxy = Pki::front_proxy(&cfg.data_dir)?;

@@ -155,11 +155,24 @@ async fn member_status(urls: &[String], tls: Option<&Tls>) -> Result<Status> {
     })
 }
 
-/// Remove the member called `name` from the cluster; returns its id.
+/// What [`try_remove`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removal {
+    /// Removed; its id.
+    Removed(u64),
+    /// No member has that name; the names there are, sorted.
+    NoSuchMember(Vec<String>),
+    /// It is the cluster's only member: left, as removing it would lose
+    /// the cluster.
+    LastMember,
+}
+
+/// Remove the member called `name` from the cluster when it is there
+/// and not the last one.
 ///
 /// # Errors
-/// There is no such member, it is the last one, or etcd refuses.
-pub async fn remove(endpoints: &[String], tls: Option<&Tls>, name: &str) -> Result<u64> {
+/// The cluster cannot be reached, or etcd refuses.
+pub async fn try_remove(endpoints: &[String], tls: Option<&Tls>, name: &str) -> Result<Removal> {
     let mut c = connect(endpoints, tls).await?;
     let list = c
         .member_list()
@@ -167,25 +180,37 @@ pub async fn remove(endpoints: &[String], tls: Option<&Tls>, name: &str) -> Resu
         .map_err(etcd_err("list etcd members"))?;
     let members = list.members();
     let Some(m) = members.iter().find(|m| m.name() == name) else {
-        let mut names: Vec<&str> = members.iter().map(|m| m.name()).collect();
+        let mut names: Vec<String> = members.iter().map(|m| m.name().to_string()).collect();
         names.sort_unstable();
-        return Err(Error::backend(
-            "etcd",
-            format!(
-                "no etcd member named {name:?} (members: {})",
-                names.join(", ")
-            ),
-        ));
+        return Ok(Removal::NoSuchMember(names));
     };
     if members.len() == 1 {
-        return Err(Error::backend(
-            "etcd",
-            format!("{name:?} is the cluster's only member: removing it would lose the cluster"),
-        ));
+        return Ok(Removal::LastMember);
     }
     let id = m.id();
     c.member_remove(id)
         .await
         .map_err(etcd_err(format!("remove etcd member {name:?}")))?;
-    Ok(id)
+    Ok(Removal::Removed(id))
+}
+
+/// Remove the member called `name` from the cluster; returns its id.
+///
+/// # Errors
+/// There is no such member, it is the last one, or etcd refuses.
+pub async fn remove(endpoints: &[String], tls: Option<&Tls>, name: &str) -> Result<u64> {
+    match try_remove(endpoints, tls, name).await? {
+        Removal::Removed(id) => Ok(id),
+        Removal::NoSuchMember(names) => Err(Error::backend(
+            "etcd",
+            format!(
+                "no etcd member named {name:?} (members: {})",
+                names.join(", ")
+            ),
+        )),
+        Removal::LastMember => Err(Error::backend(
+            "etcd",
+            format!("{name:?} is the cluster's only member: removing it would lose the cluster"),
+        )),
+    }
 }

@@ -19,7 +19,6 @@ use skiff_bootstrap::{discovery, JoinToken};
 use super::Error;
 use crate::config::{Config, Join, ManagedEtcd};
 use crate::pki;
-use crate::store::etcd::Tls;
 
 /// How long a joiner asks again while etcd cannot take a member yet.
 const ADD_WITHIN: Duration = Duration::from_secs(120);
@@ -70,8 +69,7 @@ pub struct Bundle {
 pub struct Source {
     pub data_dir: PathBuf,
     pub service_account_key: PathBuf,
-    pub endpoints: Vec<String>,
-    pub tls: Tls,
+    pub etcd: super::Etcd,
 }
 
 fn shared_path(data_dir: &Path, service_account_key: &Path, name: &str) -> PathBuf {
@@ -140,8 +138,8 @@ pub async fn admit(source: &Source, req: &Request) -> Result<Bundle, String> {
     }
     let files = read_shared(&source.data_dir, &source.service_account_key)?;
     let initial_cluster = crate::store::etcd_members::add(
-        &source.endpoints,
-        Some(&source.tls),
+        &source.etcd.endpoints,
+        Some(&source.etcd.tls),
         &req.name,
         &req.peer_url,
     )

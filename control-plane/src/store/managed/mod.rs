@@ -97,6 +97,25 @@ impl Layout {
     }
 }
 
+/// Where a managed-etcd server's client reaches the cluster, with the
+/// files it presents.
+#[derive(Debug, Clone)]
+pub struct Etcd {
+    pub endpoints: Vec<String>,
+    pub tls: Tls,
+}
+
+impl Etcd {
+    /// The cluster `cfg` stores in when it runs a managed member.
+    pub fn of(cfg: &Config) -> Option<Etcd> {
+        cfg.managed_etcd.as_ref()?;
+        Some(Etcd {
+            endpoints: cfg.datastore_endpoints.clone(),
+            tls: cfg.datastore_tls.clone()?,
+        })
+    }
+}
+
 fn url(ip: IpAddr, port: u16) -> String {
     match ip {
         IpAddr::V4(v4) => format!("https://{v4}:{port}"),
@@ -187,18 +206,19 @@ pub async fn reset(cfg: &Config, m: &ManagedEtcd, restore: Option<&Path>) -> Res
     let layout = Layout::new(&cfg.data_dir, m.client_port);
     let advertise = crate::server::advertise_ip(cfg);
     let peer_url = url(advertise, m.peer_port);
-    let keys_from_snapshot = !cfg.data_dir.join("pki").join("ca.crt").exists();
+    let pki_dir = cfg.data_dir.join("pki");
+    let keys_from_snapshot = !pki_dir.join("ca.crt").exists();
     if keys_from_snapshot {
         if restore.is_none() {
             return Err(Error::Io(format!(
                 "{} holds no cluster CA: a reset without a snapshot needs the server's own data",
-                cfg.data_dir.join("pki").display()
+                pki_dir.display()
             )));
         }
         if m.secret_file.is_none() && !bootstrap::secret_path(&cfg.data_dir).exists() {
             return Err(Error::Io(format!(
                 "{} holds no cluster CA: the snapshot's keys open with the cluster secret; pass --cluster-secret-file (a copy of DATA_DIR/pki/cluster-secret of a server of the cluster)",
-                cfg.data_dir.join("pki").display()
+                pki_dir.display()
             )));
         }
     }
@@ -261,14 +281,13 @@ pub async fn reset(cfg: &Config, m: &ManagedEtcd, restore: Option<&Path>) -> Res
         },
     )
     .await?;
-    if keys_from_snapshot {
-        let taken = take_keys(cfg, &layout).await;
-        if let Err(e) = taken {
-            member.stop().await;
-            return Err(e);
-        }
-    }
+    let taken = if keys_from_snapshot {
+        take_keys(cfg, &layout).await
+    } else {
+        Ok(())
+    };
     member.stop().await;
+    taken?;
     Ok(format!(
         "the managed etcd cluster is reset to one member, {}: start skiff-server again without --cluster-reset.\nOn every other server, move {} aside and start it again with --server and --token: it joins anew.",
         m.name,

@@ -20,8 +20,8 @@ use kube_util::informer::{Change, Informer};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::store::etcd::Tls;
-use crate::store::etcd_members;
+use super::Etcd;
+use crate::store::etcd_members::{self, Removal};
 
 /// Held on a server's Node until its member is removed.
 pub const FINALIZER: &str = "etcd.skiff.dev/member";
@@ -44,13 +44,6 @@ enum Error {
 
 /// How often every Node is looked at again, for work that failed.
 const RESYNC: Duration = Duration::from_secs(10);
-
-/// What a server needs to reach its etcd.
-#[derive(Clone)]
-pub struct Etcd {
-    pub endpoints: Vec<String>,
-    pub tls: Tls,
-}
 
 /// Mark this server's Node (`own`) and remove the members of deleted
 /// ones, until `stop`.
@@ -137,16 +130,16 @@ async fn remove_member(etcd: &Etcd, node: &Node) -> Result<(), Error> {
         .get(MEMBER_ANNOTATION)
         .cloned()
         .unwrap_or_else(|| node.name_any());
-    let members = etcd_members::status(&etcd.endpoints, Some(&etcd.tls)).await?;
-    if !members.iter().any(|m| m.name == name) {
-        return Ok(());
+    match etcd_members::try_remove(&etcd.endpoints, Some(&etcd.tls), &name).await? {
+        Removal::Removed(_) => {
+            tracing::info!(member = %name, "etcd member removed: its Node was deleted");
+        }
+        Removal::LastMember => {
+            tracing::warn!(member = %name, "the Node of the cluster's only etcd member is deleted; the member stays");
+        }
+        // Removed already (by another server, or by hand).
+        Removal::NoSuchMember(_) => {}
     }
-    if members.len() == 1 {
-        tracing::warn!(member = %name, "the Node of the cluster's only etcd member is deleted; the member stays");
-        return Ok(());
-    }
-    etcd_members::remove(&etcd.endpoints, Some(&etcd.tls), &name).await?;
-    tracing::info!(member = %name, "etcd member removed: its Node was deleted");
     Ok(())
 }
 
