@@ -253,23 +253,13 @@ impl Cluster {
     ) -> Result<String> {
         let name = format!("node-{}", self.nodes.len() + 1);
         let dir = self.dir.join(&name);
-        for sub in ["root", "logs", "manifests"] {
-            std::fs::create_dir_all(dir.join(sub))?;
-        }
         let user = format!("system:node:{name}");
         let text = self
             .server
             .kubeconfig(&user, &["system:nodes"])
             .with_context(|| format!("issuing the kubeconfig of {name}"))?;
-        std::fs::write(dir.join("kubeconfig"), text)?;
-        // Names outside the cluster go to the host's LAN address, where a
-        // test may serve them (nothing answers otherwise): never further.
-        std::fs::write(
-            dir.join("resolv.conf"),
-            format!("nameserver {}\n", self.lan.gateway()),
-        )?;
         let o = &self.options;
-        let mut args = node_flags(&name, &containerd, &ns, &dir)?;
+        let mut args = node_dir(&name, &dir, text.as_bytes(), &self.lan, &containerd, &ns)?;
         args.extend([
             format!(
                 "--node-status-update-frequency={}ms",
@@ -731,17 +721,30 @@ impl Drop for Cluster {
     }
 }
 
-/// The flags of a node's agent running against `containerd` in `ns`, with
-/// its state in `dir` (where `kubeconfig` and `resolv.conf` are written).
+/// A node's state directory `dir` made (its agent's directories, its
+/// `kubeconfig`, its `resolv.conf`), and the flags of its agent running
+/// against `containerd` in `ns`.
 ///
 /// # Errors
-/// No free port for its node server.
-pub(crate) fn node_flags(
+/// A file cannot be written, or no free port for its node server.
+pub(crate) fn node_dir(
     name: &str,
+    dir: &Path,
+    kubeconfig: &[u8],
+    lan: &Lan,
     containerd: &Containerd,
     ns: &NodeNs,
-    dir: &Path,
 ) -> Result<Vec<String>> {
+    for sub in ["root", "logs", "manifests"] {
+        std::fs::create_dir_all(dir.join(sub))?;
+    }
+    std::fs::write(dir.join("kubeconfig"), kubeconfig)?;
+    // Names outside the cluster go to the host's LAN address, where a
+    // test may serve them (nothing answers otherwise): never further.
+    std::fs::write(
+        dir.join("resolv.conf"),
+        format!("nameserver {}\n", lan.gateway()),
+    )?;
     let mut args = vec![
         format!("--kubeconfig={}", dir.join("kubeconfig").display()),
         format!("--node-name={name}"),

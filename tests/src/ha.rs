@@ -17,19 +17,16 @@ use anyhow::{anyhow, ensure, Context, Result};
 use nix::sys::signal::Signal;
 
 use cri_proto::v1;
+use skiff_control_plane::store::managed::join::SERVERS_GROUP;
 
 use crate::agent::workspace_binary;
 use crate::cleanup::{self, RunLock};
 use crate::cluster::{
-    block_cidr, client_from, give_up, lease_block, node_flags, remove_run, wait_for,
+    block_cidr, client_from, give_up, lease_block, node_dir, remove_run, wait_for,
     wait_node_joined, Process,
 };
 use crate::containerd::Containerd;
 use crate::netns::{Lan, NodeNs, SERVICE_RANGE};
-
-/// The group of tokens that join servers (the server's
-/// `store::managed::join::SERVERS_GROUP`).
-pub const SERVERS_GROUP: &str = "system:bootstrappers:skiff:servers";
 
 const PORT: u16 = 6443;
 
@@ -389,9 +386,6 @@ impl HaCluster {
             .await
             .with_context(|| format!("starting the containerd of {name}"))?;
         let dir = self.dir.join(&name);
-        for sub in ["root", "logs", "manifests"] {
-            std::fs::create_dir_all(dir.join(sub))?;
-        }
         let s = &self.servers[server];
         let user = format!("system:node:{name}");
         let out = s
@@ -410,12 +404,7 @@ impl HaCluster {
             "kubeconfig for {name}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::write(dir.join("kubeconfig"), &out.stdout)?;
-        std::fs::write(
-            dir.join("resolv.conf"),
-            format!("nameserver {}\n", self.lan.gateway()),
-        )?;
-        let args = node_flags(&name, &containerd, &ns, &dir)?;
+        let args = node_dir(&name, &dir, &out.stdout, &self.lan, &containerd, &ns)?;
         let agent_binary =
             tokio::task::spawn_blocking(|| workspace_binary("skiff-agent", "skiff-agent"))
                 .await??;

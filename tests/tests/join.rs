@@ -386,6 +386,31 @@ async fn etcd_status(s: &skiff_tests::ha::HaServer) -> Result<String> {
     succeeded(s.cli(&["etcd", "status"]).await?).context("etcd status")
 }
 
+/// The etcd members `s` lists are exactly `expected`.
+async fn ensure_members(s: &skiff_tests::ha::HaServer, expected: &[&str]) -> Result<()> {
+    let members = etcd_members(&etcd_status(s).await?);
+    let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    ensure!(
+        names == expected.iter().copied().collect(),
+        "members: {members:?}"
+    );
+    Ok(())
+}
+
+/// The resourceVersion of ConfigMap `name`, read through `s`.
+async fn configmap_version(s: &skiff_tests::ha::HaServer, name: &str) -> Result<String> {
+    succeeded(
+        s.kubectl(&[
+            "get",
+            "configmap",
+            name,
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ])
+        .await?,
+    )
+}
+
 /// Three servers on managed etcd, each its own machine: one starts the
 /// cluster, two join with a server token; they serve one store; a join
 /// whose token pins another CA is refused before anything is sent; the
@@ -457,7 +482,7 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         log.contains("does not match the join token's CA hash"),
         "log: {log}"
     );
-    ensure!(etcd_members(&etcd_status(&c.servers()[0]).await?).len() == 3);
+    ensure_members(&c.servers()[0], &["s0", "s1", "s2"]).await?;
 
     // One machine lost: the two others keep taking writes.
     c.server_mut(0).kill();
@@ -528,12 +553,7 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
 
     // The cluster shrinks: the lost member is removed.
     succeeded(c.servers()[1].cli(&["etcd", "remove", "s0"]).await?).context("etcd remove")?;
-    let members = etcd_members(&etcd_status(&c.servers()[2]).await?);
-    let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
-    ensure!(
-        names == BTreeSet::from(["s1", "s2"]),
-        "members: {members:?}"
-    );
+    ensure_members(&c.servers()[2], &["s1", "s2"]).await?;
 
     // A fourth server joins (through the second: the first is gone) and
     // leaves again.
@@ -581,8 +601,7 @@ async fn servers_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
             .await?,
     )
     .context("deleting the fourth server's Node")?;
-    let members = etcd_members(&etcd_status(&c.servers()[1]).await?);
-    ensure!(members.len() == 2, "members: {members:?}");
+    ensure_members(&c.servers()[1], &["s1", "s2"]).await?;
     c.server_mut(3).kill();
     succeeded(
         c.servers()[2]
@@ -654,17 +673,7 @@ async fn restore_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
             .kubectl(&["create", "configmap", "kept", "--from-literal=a=1"])
             .await?,
     )?;
-    let rv = succeeded(
-        c.servers()[0]
-            .kubectl(&[
-                "get",
-                "configmap",
-                "kept",
-                "-o",
-                "jsonpath={.metadata.resourceVersion}",
-            ])
-            .await?,
-    )?;
+    let rv = configmap_version(&c.servers()[0], "kept").await?;
     let revision: i64 = rv.parse()?;
     let snapshot = backups.join("drill.db");
     wait_for("a scheduled snapshot with the ConfigMap", T, || {
@@ -720,17 +729,7 @@ async fn restore_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         c.restart(i, &["--server", &url, "--token", &token]).await?;
     }
 
-    let back = succeeded(
-        c.servers()[2]
-            .kubectl(&[
-                "get",
-                "configmap",
-                "kept",
-                "-o",
-                "jsonpath={.metadata.resourceVersion}",
-            ])
-            .await?,
-    )?;
+    let back = configmap_version(&c.servers()[2], "kept").await?;
     ensure!(back == rv, "resourceVersion {back:?}, was {rv:?}");
     let gone = c.servers()[1]
         .kubectl(&["get", "configmap", "after-snapshot"])
@@ -739,12 +738,7 @@ async fn restore_scenario(c: &mut skiff_tests::ha::HaCluster) -> Result<()> {
         !gone.status.success(),
         "a write after the snapshot came back"
     );
-    let members = etcd_members(&etcd_status(&c.servers()[1]).await?);
-    let names: BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
-    ensure!(
-        names == BTreeSet::from(["s0", "s1", "s2"]),
-        "members: {members:?}"
-    );
+    ensure_members(&c.servers()[1], &["s0", "s1", "s2"]).await?;
     for s in c.servers() {
         ensure!(
             std::fs::read_to_string(s.data_dir.join("pki/ca.crt"))? == ca,

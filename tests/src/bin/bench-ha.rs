@@ -65,19 +65,13 @@ async fn main() -> Result<()> {
     println!(
         "leader failover, kill of the scheduler's leader -> first bind by the new one (lease 15 s): p50 {:.1} s   each {:?}",
         p50.as_secs_f64(),
-        failovers
-            .iter()
-            .map(|d| format!("{:.1}", d.as_secs_f64()))
-            .collect::<Vec<_>>()
+        secs(&failovers)
     );
     println!(
         "write outage, kill -> first write through a survivor: longest {:.1} s ({:.2} of the 15 s lease)   each {:?}",
         longest.as_secs_f64(),
         longest.as_secs_f64() / 15.0,
-        outages
-            .iter()
-            .map(|d| format!("{:.1}", d.as_secs_f64()))
-            .collect::<Vec<_>>()
+        secs(&outages)
     );
     println!(
         "{}",
@@ -213,4 +207,10 @@ fn mean(v: &[f64]) -> f64 {
 
 fn rates(v: &[f64]) -> Vec<String> {
     v.iter().map(|r| format!("{r:.0}")).collect()
+}
+
+fn secs(v: &[Duration]) -> Vec<String> {
+    v.iter()
+        .map(|d| format!("{:.1}", d.as_secs_f64()))
+        .collect()
 }
